@@ -1,0 +1,115 @@
+"""Torch reference kernels: the CPU implementation and the oracle for the triton kernels.
+
+Cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Position ``p`` of a sequence
+lives in slot ``block_table[p // block_size] * block_size + p % block_size``. For an fp8 cache the
+stored value is ``x / scale`` (saturated to the e4m3 range) and the read value ``stored * scale``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+
+# Bounds the float32 score matrix of one prefill chunk (query rows x heads x keys).
+_MAX_SCORE_ELEMENTS = 1 << 25
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype == FP8_DTYPE
+
+
+def quantize(x: torch.Tensor, cache_dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Convert model-dtype values to what the cache stores."""
+    if is_fp8(cache_dtype):
+        return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(cache_dtype)
+    return x.to(cache_dtype)
+
+
+def dequantize(stored: torch.Tensor, scale: float) -> torch.Tensor:
+    """Cache values as float32, with the fp8 scale applied."""
+    if is_fp8(stored.dtype):
+        return stored.float() * scale
+    return stored.float()
+
+
+def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    if slots.numel() == 0:
+        return
+    for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        flat = cache.view(-1, cache.shape[2], cache.shape[3])
+        flat[slots] = quantize(x[keep], cache.dtype, scale)
+
+
+def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
+    """First ``length`` positions of one sequence, float32 ``[length, kv_heads, head_dim]``."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    blocks = cache[block_table[:num_blocks].long()]
+    return dequantize(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], scale)
+
+
+def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
+    """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions. Returns [M, H, D]."""
+    m, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = q.view(m, num_kv_heads, group, head_dim)
+    scores = torch.einsum("mkgd,nkd->kgmn", qg, k) * scale
+    mask = k_pos[None, :] > q_pos[:, None]
+    scores.masked_fill_(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("kgmn,nkd->mkgd", probs, v)
+    return out.reshape(m, num_heads, head_dim)
+
+
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                            k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    ctx_lens = context_lens.tolist()
+    num_heads = q.shape[1]
+    for b, ctx in enumerate(ctx_lens):
+        start, end = cu[b], cu[b + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[b], ctx, k_scale)
+        v = gather_kv(v_cache, block_tables[b], ctx, v_scale)
+        k_pos = torch.arange(ctx, device=q.device)
+        rows = max(1, _MAX_SCORE_ELEMENTS // (num_heads * ctx))
+        for i in range(0, q_len, rows):
+            j = min(q_len, i + rows)
+            q_pos = torch.arange(ctx - q_len + i, ctx - q_len + j, device=q.device)
+            # Keys past the chunk's last query are fully masked: skip them.
+            n = ctx - q_len + j
+            o = _attend(q[start + i:start + j].float(), k[:n], v[:n], q_pos, k_pos[:n], scale)
+            out[start + i:start + j] = o.to(q.dtype)
+    return out
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                           k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+    """Vectorised over the batch: gathers every sequence to the longest context and masks."""
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_ctx = int(context_lens.max())
+    num_blocks = (max_ctx + block_size - 1) // block_size
+    table = block_tables[:, :num_blocks].long()
+
+    def gather(cache, s):
+        return dequantize(cache[table].reshape(batch, -1, num_kv_heads, head_dim), s)
+
+    k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
+    qg = q.float().view(batch, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bkgd,bnkd->bkgn", qg, k) * scale
+    pos = torch.arange(k.shape[1], device=q.device)
+    mask = pos[None, :] >= context_lens.to(q.device).long()[:, None]
+    scores.masked_fill_(mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgn,bnkd->bkgd", probs, v)
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
