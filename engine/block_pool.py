@@ -1,0 +1,104 @@
+"""The physical block pool: ref counts, block hashes and the free queue in LRU order.
+
+As in vLLM v1: a block whose ref count drops to zero keeps its hash and waits in the free queue
+("cached"); a prefix hit takes it out of the queue in O(1); eviction is lazy, when a fresh block is
+popped from the head of the queue. Unlike vLLM, a released block that has no hash goes to the
+*head* of the queue: it holds nothing reusable, so it should be reused before any cached block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kvscope.engine.block_hash import BlockHash
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, evicted_history: int = 1 << 18):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.last_use = [-1] * num_blocks
+        # Head = next block to reuse. Values unused: an OrderedDict is an O(1) linked set.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block: dict[BlockHash, int] = {}
+        # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
+        self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
+        self.evicted_history = evicted_history
+        self.num_evicted = 0
+        self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
+
+    @property
+    def num_available(self) -> int:
+        """Blocks that can be handed out now: free ones plus evictable cached ones."""
+        return len(self.free_queue)
+
+    def take(self, blocks: list[int], step: int) -> None:
+        """Add a reference to each block (a prefix hit or a fork); cached blocks leave the queue."""
+        for b in blocks:
+            if self.ref_count[b] == 0:
+                del self.free_queue[b]
+            self.ref_count[b] += 1
+            self.last_use[b] = step
+
+    def allocate(self, n: int, step: int) -> tuple[list[int], list[int]]:
+        """Pop n blocks from the queue head. Returns (blocks, those whose hash was evicted)."""
+        if n > len(self.free_queue):
+            raise NoFreeBlocksError(f"need {n} blocks, {len(self.free_queue)} available")
+        blocks, evicted = [], []
+        for _ in range(n):
+            b, _ = self.free_queue.popitem(last=False)
+            h = self.block_hash[b]
+            if h is not None:
+                self._drop_hash(b, h, step, "evicted")
+                evicted.append(b)
+            self.ref_count[b] = 1
+            self.last_use[b] = step
+            blocks.append(b)
+        self.num_evicted += len(evicted)
+        return blocks, evicted
+
+    def release(self, blocks: list[int], step: int) -> None:
+        """Drop one reference from each block, in the given order (callers pass tail first)."""
+        for b in blocks:
+            self.ref_count[b] -= 1
+            self.last_use[b] = step
+            if self.ref_count[b] == 0:
+                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    self.free_queue.move_to_end(b, last=False)
+
+    def cache(self, block: int, block_hash: BlockHash) -> bool:
+        """Register a full block under its hash. False if another block already holds that hash
+        (e.g. the recomputed last block of a full-prompt hit): the block then stays unhashed."""
+        if block_hash in self.hash_to_block:
+            return False
+        self.hash_to_block[block_hash] = block
+        self.block_hash[block] = block_hash
+        self.dropped.pop(block_hash, None)
+        return True
+
+    def reset(self, step: int) -> list[int]:
+        """Forget every hash (cached and active blocks alike). Returns the blocks affected."""
+        blocks = sorted(self.hash_to_block.values())
+        for b in blocks:
+            self._drop_hash(b, self.block_hash[b], step, "reset")
+        # Blocks that are now plain free go before anything else in the queue.
+        for b in reversed(blocks):
+            if self.ref_count[b] == 0:
+                self.free_queue.move_to_end(b, last=False)
+        return blocks
+
+    def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:
+        del self.hash_to_block[block_hash]
+        self.block_hash[block] = None
+        self.dropped[block_hash] = (step, why)
+        if len(self.dropped) > self.evicted_history:
+            self.dropped.popitem(last=False)
+            self.forgot_any = True

@@ -1,0 +1,51 @@
+"""Events: small records of everything the cache manager and scheduler do. Torch-free."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+# Block events (the cache manager).
+ALLOCATED = "allocated"  # fresh blocks taken from the pool for a request
+CACHE_HIT = "cache_hit"  # cached blocks reused by a request at admission
+CACHED = "cached"  # full blocks whose hash was registered: reusable from now on
+EVICTED = "evicted"  # cached blocks whose hash was dropped to reuse the block
+FREED = "freed"  # a request released its blocks (tail first)
+COW = "cow"  # copy-on-write: blocks = (source, copy)
+FORKED = "forked"  # a request was forked: blocks = the blocks now shared with the parent
+RESET = "reset"  # reset_prefix_cache(): blocks = the blocks whose hash was dropped
+
+BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    step: int
+    request_id: int | None
+    blocks: tuple[int, ...] = ()
+    time_ns: int = 0  # time.monotonic_ns() when it happened
+    hashes: tuple[int, ...] = ()  # short block hashes, for CACHED events
+    detail: str = ""
+
+
+class EventLog:
+    """An append-only buffer that the producer never waits on; consumers drain it."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._events: list[Event] = []
+
+    def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="") -> None:
+        if self.enabled:
+            self._events.append(
+                Event(kind, step, request_id, tuple(blocks), time.monotonic_ns(), tuple(hashes),
+                      detail)
+            )
+
+    def drain(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def __len__(self) -> int:
+        return len(self._events)

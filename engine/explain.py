@@ -1,0 +1,59 @@
+"""Why a request missed the prefix cache: the answer `explain_miss` gives. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Reasons, from "nothing to explain" to the specific causes of a miss.
+FULL_HIT = "full_hit"  # every block that may be reused was reused
+CACHING_DISABLED = "caching_disabled"
+TOO_SHORT = "too_short"  # no full block before the last prompt token: nothing reusable
+NEVER_STORED = "never_stored"  # no request stored these tokens after this prefix
+EVICTED = "evicted"  # stored once, evicted (or dropped by a reset) at a known step
+DIFFERENT_EXTRA_KEYS = "different_extra_keys"  # same tokens stored under another salt/adapter/model
+FORGOTTEN = "forgotten"  # not cached, and older than the eviction history kept
+
+
+@dataclass(frozen=True)
+class MissExplanation:
+    request_id: int
+    reason: str
+    num_prompt_tokens: int
+    block_size: int
+    num_hit_blocks: int
+    first_miss_block: int | None = None  # logical block index of the first miss
+    dropped_at_step: int | None = None  # for EVICTED
+    dropped_by: str | None = None  # "evicted" or "reset"
+    differing_keys: tuple[str, ...] = ()  # for DIFFERENT_EXTRA_KEYS: "cache_salt", "adapter", ...
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return self.num_hit_blocks * self.block_size
+
+    @property
+    def message(self) -> str:
+        bs, n = self.block_size, self.num_prompt_tokens
+        hit = f"{self.num_hit_blocks} block(s) ({self.num_hit_tokens} tokens) reused"
+        if self.reason == FULL_HIT:
+            return (f"No miss: {hit}; the tokens after them are computed because the last prompt "
+                    "token must always be computed to produce logits.")
+        if self.reason == CACHING_DISABLED:
+            return "Prefix caching is disabled: every prompt token is computed."
+        if self.reason == TOO_SHORT:
+            return (f"The prompt has {n} tokens: no full block of {bs} comes before its last "
+                    "token, and only full blocks are shared (the last token is always computed).")
+        i = self.first_miss_block
+        where = f"block {i} (tokens {i * bs}-{(i + 1) * bs - 1})"
+        if self.reason == EVICTED:
+            how = "dropped by a cache reset" if self.dropped_by == "reset" else "evicted"
+            return f"{hit}; first miss at {where}: it was cached, then {how} at step " \
+                   f"{self.dropped_at_step}."
+        if self.reason == DIFFERENT_EXTRA_KEYS:
+            keys = ", ".join(self.differing_keys)
+            return (f"{hit}; first miss at {where}: the same tokens are cached under a different "
+                    f"{keys}, and blocks are never shared across those.")
+        if self.reason == FORGOTTEN:
+            return (f"{hit}; first miss at {where}: not cached, and not in the eviction history "
+                    "kept (it may have been evicted long ago).")
+        return (f"{hit}; first miss at {where}: no earlier request stored these tokens after this "
+                "prefix.")

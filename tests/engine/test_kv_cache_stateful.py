@@ -1,0 +1,137 @@
+"""Random admit / append / fork / free / cancel / reset sequences against the cache manager.
+
+Besides the bookkeeping invariants, a shadow KV store plays the model runner: it performs the
+copy-on-write copies and writes each computed token into its slot. Every request must then read
+back exactly its own tokens through its block table, which is what makes sharing correct.
+"""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvscope.engine import KVCacheManager, NoFreeBlocksError
+
+BLOCK_SIZE = 4
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9], [7] * 13, []]
+
+
+class CacheMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.num_blocks = 12
+        self.mgr = KVCacheManager(self.num_blocks, BLOCK_SIZE, model_fingerprint="m")
+        self.kv = [[None] * BLOCK_SIZE for _ in range(self.num_blocks)]  # shadow KV contents
+        self.next_id = 0
+        self.ops = 0
+
+    def _write(self, rid, start, copies):
+        for src, dst in copies:
+            self.kv[dst] = list(self.kv[src])
+        seq = self.mgr.seqs[rid]
+        for pos in range(start, seq.num_computed):
+            block = seq.table[pos // BLOCK_SIZE]
+            self.kv[block][pos % BLOCK_SIZE] = seq.token_ids[pos]
+
+    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6),
+          salt=st.sampled_from([None, "tenant-b"]), chunk=st.none() | st.integers(1, 6))
+    def admit(self, prefix, suffix, salt, chunk):
+        tokens = prefix + suffix or [0]
+        rid = self.next_id
+        self.next_id += 1
+        fits = self.mgr.can_admit(tokens, chunk or len(tokens), cache_salt=salt)
+        cached = self.mgr.admit(rid, tokens, chunk, cache_salt=salt)
+        assert (cached is not None) == fits
+        if cached is not None:
+            assert cached % BLOCK_SIZE == 0 and cached < len(tokens)
+            self._write(rid, cached, [])
+        self.ops += 1
+
+    @precondition(lambda self: self.mgr.seqs)
+    @rule(data=st.data(), new=st.lists(st.integers(0, 3), max_size=5), n=st.integers(1, 6))
+    def append(self, data, new, n):
+        rid = data.draw(st.sampled_from(sorted(self.mgr.seqs)))
+        self.mgr.append_token_ids(rid, new)
+        seq = self.mgr.seqs[rid]
+        n = min(n, len(seq.token_ids) - seq.num_computed)
+        start = seq.num_computed
+        fits = self.mgr.can_allocate(rid, n)
+        try:
+            copies = self.mgr.allocate(rid, n)
+        except NoFreeBlocksError:
+            assert not fits
+            assert seq.num_computed == start
+        else:
+            assert fits
+            self._write(rid, start, copies)
+        self.ops += 1
+
+    @precondition(lambda self: self.mgr.seqs)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.mgr.seqs)))
+        self.mgr.fork(parent, self.next_id)
+        self.next_id += 1
+        self.ops += 1
+
+    @precondition(lambda self: self.mgr.seqs)
+    @rule(data=st.data())
+    def free(self, data):  # finished, cancelled or preempted: the manager does not care which
+        self.mgr.free(data.draw(st.sampled_from(sorted(self.mgr.seqs))))
+        self.ops += 1
+
+    @rule()
+    def reset(self):
+        self.mgr.reset_prefix_cache()
+        self.ops += 1
+
+    @rule()
+    def next_step(self):
+        self.mgr.step += 1
+
+    @invariant()
+    def bookkeeping(self):
+        mgr, pool = self.mgr, self.mgr.pool
+        refs = [0] * self.num_blocks
+        for seq in mgr.seqs.values():
+            for b in seq.table:
+                refs[b] += 1
+        assert refs == pool.ref_count
+        assert all(refs[b] == 0 for b in pool.free_queue)
+        assert len(pool.free_queue) == sum(r == 0 for r in refs)
+        for h, b in pool.hash_to_block.items():
+            assert pool.block_hash[b] == h
+        assert sum(h is not None for h in pool.block_hash) == len(pool.hash_to_block)
+        snap = mgr.snapshot()
+        assert (snap.num_free_blocks + snap.num_active_blocks + snap.num_cached_blocks
+                == self.num_blocks)
+        assert snap.num_cached_blocks == sum(
+            1 for b in pool.free_queue if pool.block_hash[b] is not None)
+
+    @invariant()
+    def every_request_reads_its_own_tokens(self):
+        for seq in self.mgr.seqs.values():
+            assert len(seq.table) == -(-seq.num_computed // BLOCK_SIZE)
+            for pos in range(seq.num_computed):
+                assert self.kv[seq.table[pos // BLOCK_SIZE]][pos % BLOCK_SIZE] == \
+                    seq.token_ids[pos]
+
+    def teardown(self):
+        for rid in list(self.mgr.seqs):
+            self.mgr.free(rid)
+        snap = self.mgr.snapshot()
+        assert snap.num_active_blocks == 0
+        assert snap.ref_count.sum() == 0
+        TOTAL_OPS.append(self.ops)
+
+
+TOTAL_OPS: list[int] = []
+CacheMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=50,
+                                          deadline=None)
+TestCacheMachine = CacheMachine.TestCase
+
+
+def test_enough_operations_ran():
+    """The acceptance asks for thousands of operations per run: make the count visible."""
+    if not TOTAL_OPS:  # run on its own: drive the machine here
+        TestCacheMachine("runTest").runTest()
+    assert sum(TOTAL_OPS) >= 2000, sum(TOTAL_OPS)
