@@ -1,0 +1,251 @@
+"""Find a model (demo, local folder, or the local Hugging Face cache) and load it.
+
+Only safetensors weights are loaded (pickle checkpoints can run code on load: refused). Nothing
+is downloaded. Every failure a user can cause raises ``ModelLoadError`` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
+
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # stale buffers some old checkpoints carry
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+
+class ModelLoadError(Exception):
+    """A model could not be found or loaded; the message is one line for the user."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: ModelConfig
+    tokenizer: Any | None  # None when the folder has no tokenizer files
+    fingerprint: str       # identifies the weights (not the dtype they were loaded in)
+    path: Path
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+
+
+def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+                  ) -> Path:
+    """"demo", a local folder, or a repo id already in the local Hugging Face cache."""
+    name = os.fspath(name_or_path)
+    if name == "demo":
+        path = Path(os.fspath(importlib.resources.files("kvscope.resources") / "demo"))
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"the demo model is not built ({path} has no config.json); "
+                                 "run scripts/build_demo_model.py")
+        return path
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    if local.exists():
+        raise ModelLoadError(f"{local} is a file; give the model's folder")
+    if _looks_like_path(name):
+        raise ModelLoadError(f"model folder not found: {local.absolute()}")
+
+    from huggingface_hub import constants, snapshot_download
+
+    cache = Path(cache_dir or constants.HF_HUB_CACHE)
+    try:
+        return Path(snapshot_download(name, cache_dir=cache, local_files_only=True))
+    except Exception:  # not cached, invalid repo id, broken cache entry
+        raise ModelLoadError(
+            f"model {name!r} not found: no folder {local.absolute()} and not in the Hugging Face "
+            f"cache at {cache} (nothing is downloaded: fetch it first, e.g. `hf download {name}`)"
+        ) from None
+
+
+def _looks_like_path(name: str) -> bool:
+    return (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name
+            or name.count("/") > 1 or name.endswith("/"))
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"no config.json in {path} (not a Hugging Face model folder?)")
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {config_file}: {e}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files holding the model, sorted by name (index json honoured)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise ModelLoadError(f"cannot read {index}: {e!r}") from None
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"{index.name} lists shards missing from {path}: "
+                                 + _names(missing))
+        return [path / n for n in names]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in path.glob(pat)})
+    if pickles:
+        raise ModelLoadError(
+            f"{path} has only pickle checkpoints ({_names(pickles)}), which can run code when "
+            "loaded; convert to safetensors first (kvscope loads *.safetensors only)")
+    raise ModelLoadError(f"no *.safetensors weight files in {path}")
+
+
+def _read_header(fh) -> tuple[bytes, bytes]:
+    """The 8-byte little-endian header length and the JSON header, nothing more."""
+    length_bytes = fh.read(8)
+    if len(length_bytes) != 8:
+        raise ModelLoadError(f"{fh.name} is not a safetensors file (too short)")
+    length = int.from_bytes(length_bytes, "little")
+    if length > _MAX_HEADER_BYTES:
+        raise ModelLoadError(f"{fh.name} is not a safetensors file (header length {length})")
+    header = fh.read(length)
+    if len(header) != length:
+        raise ModelLoadError(f"{fh.name} is truncated inside its header")
+    return length_bytes, header
+
+
+def model_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 over config.json and each weight file's name, size and header (never the data).
+
+    Cheap for multi-GB models. Two checkpoints that differ only in tensor values but have
+    byte-identical headers and sizes get the same fingerprint.
+    """
+    path = Path(path)
+    h = hashlib.sha256()
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"no config.json in {path} (not a Hugging Face model folder?)")
+    h.update(b"config.json\0" + config_file.read_bytes())
+    for f in weight_files(path):
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            length_bytes, header = _read_header(fh)
+        h.update(f"\0{f.name}\0{size}\0".encode() + length_bytes + header)
+    return h.hexdigest()
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig,
+                  device: torch.device) -> torch.dtype:
+    """Explicit dtype wins; else the checkpoint's, upcast to float32 on CPU (half matmuls are
+    slow there)."""
+    if dtype is not None:
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        if dtype not in _DTYPES:
+            raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
+        return _DTYPES[dtype]
+    chosen = _DTYPES.get(config.torch_dtype, torch.float32)
+    if device.type == "cpu" and chosen in (torch.float16, torch.bfloat16):
+        chosen = torch.float32
+    return chosen
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool) -> None:
+    """Compare checkpoint tensor names and shapes (headers only) against the model."""
+    found: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as sf:
+                for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    found[key] = tuple(sf.get_slice(key).get_shape())
+        except ModelLoadError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"cannot read {f.name}: {e}") from None
+    found = {k: v for k, v in found.items() if not k.endswith(_IGNORED_TENSORS)}
+    if tied:
+        found.pop("lm_head.weight", None)  # some tied checkpoints store it anyway
+    problems = []
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if missing:
+        problems.append("missing tensors " + _names(missing))
+    if unexpected:
+        problems.append("unexpected tensors " + _names(unexpected))
+    if wrong:
+        problems.append("shape mismatch " + _names(
+            [f"{k} {list(found[k])} vs config {list(expected[k])}" for k in wrong]))
+    if problems:
+        raise ModelLoadError("weights do not match config.json: " + "; ".join(problems))
+
+
+def _load_tokenizer(path: Path):
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {path}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
+               dtype: torch.dtype | str | None = None) -> LoadedModel:
+    path = resolve_model(name_or_path)
+    name = os.fspath(name_or_path)
+    if name != "demo" and Path(name).expanduser().is_dir():
+        name = path.name
+    try:
+        config = ModelConfig.from_hf_dict(read_config(path))
+        model_cls = get_model_class(config.architecture)
+    except UnsupportedModelError as e:
+        raise ModelLoadError(f"{e} (in {path / 'config.json'})") from None
+    except (KeyError, TypeError) as e:
+        raise ModelLoadError(f"config.json in {path} lacks or mistypes field {e}") from None
+    files = weight_files(path)
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype, config, device)
+
+    with torch.device("meta"):
+        model = model_cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    _check_weights(files, expected, config.tie_word_embeddings)
+
+    state: dict[str, torch.Tensor] = {}
+    for f in files:  # each tensor is read once, converted, and kept
+        with safe_open(f, framework="pt", device=str(device)) as sf:
+            for key in sf.keys():  # noqa: SIM118
+                if key in expected:
+                    state[key] = sf.get_tensor(key).to(dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    model.requires_grad_(False).eval()
+
+    return LoadedModel(model=model, config=config, tokenizer=_load_tokenizer(path),
+                       fingerprint=model_fingerprint(path), path=path, name=name, dtype=dtype,
+                       device=device)

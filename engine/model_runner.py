@@ -1,0 +1,164 @@
+"""Runs packed forward passes of a loaded model over one paged KV tensor.
+
+The runner knows nothing about requests or scheduling: the caller (the scheduler, or a test)
+decides which tokens to compute, at which positions, and in which physical blocks.
+
+fp8 caches: each layer has a python-float ``k_scale`` and ``v_scale``; the cache stores
+``x / scale`` saturated to the e4m3 range (+-448). The default scale is 1.0 (vLLM's default
+without calibrated checkpoint scales): it is history-independent, so a prompt's KV never
+depends on which prompts ran before. ``calibrate_kv_scales`` sets per-layer scales from the
+|k|/|v| maxima of sample prompts instead; call it before anything is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvscope import kernels
+from kvscope.engine.loader import LoadedModel
+from kvscope.engine.models.attention import AttentionContext
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn value
+FP8_HEADROOM = 2.0  # calibrated scale maps 2x the observed max to 448
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's share of a forward pass."""
+
+    token_ids: list[int]     # the new tokens to compute (prompt chunk, or 1 decode token)
+    start_pos: int           # tokens of this sequence already in the paged KV
+    block_table: list[int]   # physical blocks covering positions 0 .. start_pos+len-1
+    want_logits: bool = True  # return logits for the last new token
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
+                 kv_cache_dtype: str = "auto", device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.model = loaded.model.to(self.device)
+        self.config = cfg = loaded.config
+        self.model_dtype = loaded.dtype
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.cache_dtype = kernels.kv_cache_dtype_of(kv_cache_dtype, self.model_dtype)
+        self.kv_cache = torch.zeros(
+            cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+            dtype=self.cache_dtype, device=self.device)
+        self.kv_bytes_per_token = (self.kv_cache.numel() * self.kv_cache.element_size()
+                                   // (num_blocks * block_size))
+        self.k_scales = [1.0] * cfg.num_layers
+        self.v_scales = [1.0] * cfg.num_layers
+        self._stored_any = False
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.cache_dtype == torch.float8_e4m3fn
+
+    @torch.inference_mode()
+    def run(self, chunks: Sequence[SeqChunk], copies: Sequence[tuple[int, int]] = ()
+            ) -> torch.Tensor:
+        """Block copies (src -> dst) first, then one packed forward over all chunks.
+
+        Returns float32 logits ``[number of chunks with want_logits, vocab]`` in chunk order.
+        """
+        if copies:
+            pairs = [(int(s), int(d)) for s, d in copies]
+            for layer in self.kv_cache:
+                kernels.copy_blocks(layer[0], layer[1], pairs)
+        if not chunks:
+            return torch.empty(0, self.config.vocab_size)
+
+        bs = self.block_size
+        ids: list[int] = []
+        positions, slots, tables = [], [], []
+        seq_lens, ctx_lens = [], []
+        for c in chunks:
+            n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
+            self._check_chunk(c, n, end)
+            pos = torch.arange(c.start_pos, end)
+            table = torch.tensor(c.block_table, dtype=torch.int64)
+            ids.extend(c.token_ids)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            tables.append(table)
+            seq_lens.append(n)
+            ctx_lens.append(end)
+
+        block_tables = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True, padding_value=0)
+        cu_seqlens = torch.zeros(len(chunks) + 1, dtype=torch.int32)
+        cu_seqlens[1:] = torch.cumsum(torch.tensor(seq_lens), 0)
+        dev = self.device
+        ctx = AttentionContext(
+            seq_lens_q=seq_lens,
+            cu_seqlens_q=cu_seqlens.to(dev),
+            kv_cache=self.kv_cache,
+            slot_mapping=torch.cat(slots).to(dev),
+            block_tables=block_tables.to(dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
+            is_decode=all(n == 1 for n in seq_lens),
+            k_scales=self.k_scales,
+            v_scales=self.v_scales,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        hidden = self.model(input_ids, torch.cat(positions).to(dev), ctx)
+        self._stored_any = True
+        last_rows = [int(cu_seqlens[i + 1]) - 1 for i, c in enumerate(chunks) if c.want_logits]
+        rows = torch.tensor(last_rows, dtype=torch.int64, device=dev)
+        return self.model.compute_logits(hidden[rows]).float()
+
+    def _check_chunk(self, c: SeqChunk, n: int, end: int) -> None:
+        if n == 0:
+            raise ValueError("a SeqChunk needs at least one new token")
+        if c.start_pos < 0:
+            raise ValueError(f"negative start_pos {c.start_pos}")
+        if len(c.block_table) * self.block_size < end:
+            raise ValueError(f"block table of {len(c.block_table)} blocks cannot hold {end} "
+                             f"tokens (block_size {self.block_size})")
+        if any(not 0 <= b < self.num_blocks for b in c.block_table):
+            raise ValueError(f"block id out of range [0, {self.num_blocks}) in {c.block_table}")
+        window = self.config.sliding_window
+        if window is not None and end > window:
+            raise ValueError(f"context of {end} tokens exceeds the model's sliding window "
+                             f"({window}); sliding-window attention is not implemented")
+
+    @torch.inference_mode()
+    def run_naive(self, token_id_lists: Sequence[Sequence[int]]) -> torch.Tensor:
+        """No-KV-cache baseline: recompute each whole sequence with plain causal attention.
+
+        Returns float32 last-token logits ``[batch, vocab]``.
+        """
+        return self._naive_forward(token_id_lists, None)
+
+    def _naive_forward(self, token_id_lists, kv_amax: list | None) -> torch.Tensor:
+        seq_lens = [len(t) for t in token_id_lists]
+        if any(n == 0 for n in seq_lens):
+            raise ValueError("run_naive needs non-empty token lists")
+        dev = self.device
+        ids = torch.tensor([t for seq in token_id_lists for t in seq], dtype=torch.int64,
+                           device=dev)
+        positions = torch.cat([torch.arange(n) for n in seq_lens]).to(dev)
+        ctx = AttentionContext(seq_lens_q=seq_lens, kv_amax=kv_amax)
+        hidden = self.model(ids, positions, ctx)
+        last = torch.tensor(seq_lens, device=dev).cumsum(0) - 1
+        return self.model.compute_logits(hidden[last]).float()
+
+    @torch.inference_mode()
+    def calibrate_kv_scales(self, token_id_lists: Sequence[Sequence[int]]) -> None:
+        """Set per-layer fp8 scales to ``FP8_HEADROOM * amax / 448`` measured on the sample.
+
+        Only for fp8 caches and only before the first ``run`` (stored blocks would otherwise
+        be read back with the wrong scale).
+        """
+        if not self.is_fp8:
+            raise ValueError("kv scales only apply to an fp8 cache")
+        if self._stored_any:
+            raise RuntimeError("calibrate_kv_scales must run before anything is stored")
+        amax: list[tuple[float, float]] = []
+        self._naive_forward(token_id_lists, amax)
+        tiny = 1e-6
+        self.k_scales = [max(k, tiny) * FP8_HEADROOM / FP8_MAX for k, _ in amax]
+        self.v_scales = [max(v, tiny) * FP8_HEADROOM / FP8_MAX for _, v in amax]

@@ -1,0 +1,75 @@
+"""Attention over the paged KV cache (or, for the no-cache baseline, plain causal attention).
+
+One ``AttentionContext`` describes a whole packed forward pass; every layer reads it and picks
+its own slice of the KV tensor by ``layer_idx``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvscope import kernels
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward metadata, built by the model runner.
+
+    ``kv_cache is None`` selects the naive path: each sequence attends causally over its own
+    packed tokens only (positions 0..n-1), nothing is stored.
+    """
+
+    seq_lens_q: list[int]                    # new tokens per sequence, in packing order
+    cu_seqlens_q: torch.Tensor | None = None  # int32 [B+1]
+    kv_cache: torch.Tensor | None = None     # [layers, 2, num_blocks, block_size, kv_heads, d]
+    slot_mapping: torch.Tensor | None = None  # int64 [T]
+    block_tables: torch.Tensor | None = None  # int32 [B, max_blocks], padded with 0
+    context_lens: torch.Tensor | None = None  # int32 [B], including the new tokens
+    is_decode: bool = False                  # every sequence has exactly one new token
+    k_scales: list[float] | None = None      # per layer, fp8 caches only
+    v_scales: list[float] | None = None
+    kv_amax: list[tuple[float, float]] | None = None  # if a list: layers append (|k|max, |v|max)
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                ctx: AttentionContext) -> torch.Tensor:
+        """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` (rotary applied) -> ``[T, heads, d]``."""
+        if ctx.kv_amax is not None:
+            ctx.kv_amax.append((k.abs().max().item(), v.abs().max().item()))
+        if ctx.kv_cache is None:
+            return self._naive(q, k, v, ctx.seq_lens_q)
+
+        k_cache, v_cache = ctx.kv_cache[self.layer_idx]
+        k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
+        v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
+        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
+        if ctx.is_decode:
+            return kernels.paged_decode_attention(
+                q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale,
+                k_scale, v_scale)
+        return kernels.paged_prefill_attention(
+            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens,
+            self.scale, k_scale, v_scale)
+
+    def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:
+        outs = []
+        for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens),
+                              strict=True):
+            o = F.scaled_dot_product_attention(
+                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                is_causal=True, scale=self.scale, enable_gqa=True)
+            outs.append(o.transpose(0, 1))
+        return torch.cat(outs)

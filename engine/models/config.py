@@ -1,0 +1,137 @@
+"""Our own small model config, parsed from a Hugging Face ``config.json`` dict.
+
+Only the fields our forward pass uses are kept. Architecture quirks (Qwen2's q/k/v bias,
+Qwen3's per-head q/k RMSNorm) become plain flags here, so the model code has no
+``if arch == ...`` branches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """config.json describes a model our forward pass cannot run (one-line message)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    rope_scaling: dict[str, Any] | None = None  # extra rope parameters ("llama3", "linear")
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rotary
+    sliding_window: int | None = None  # contexts longer than this are refused (no SWA kernel)
+    torch_dtype: str = "float32"  # the checkpoint's dtype name ("bfloat16", ...)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def rope_type(self) -> str:
+        return (self.rope_scaling or {}).get("rope_type", "default")
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            found = ", ".join(archs) if archs else "none listed in config.json"
+            raise UnsupportedModelError(
+                f"unsupported architecture ({found}); supported: "
+                + ", ".join(SUPPORTED_ARCHITECTURES))
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
+
+        num_heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        theta, rope_scaling = _parse_rope(cfg)
+
+        qkv_bias = o_bias = mlp_bias = qk_norm = False
+        sliding_window = None
+        if arch == "LlamaForCausalLM":
+            qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+            mlp_bias = bool(cfg.get("mlp_bias", False))
+        elif arch == "MistralForCausalLM":
+            sliding_window = cfg.get("sliding_window")
+        elif arch == "Qwen2ForCausalLM":
+            qkv_bias = True
+            if cfg.get("use_sliding_window"):
+                sliding_window = cfg.get("sliding_window")
+        elif arch == "Qwen3ForCausalLM":
+            qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+            qk_norm = True
+            if cfg.get("use_sliding_window"):
+                sliding_window = cfg.get("sliding_window")
+
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope_scaling=rope_scaling,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
+            sliding_window=sliding_window,
+            torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling parameters or None) from either config style.
+
+    transformers >= 5 writes ``rope_parameters: {rope_theta, rope_type, ...}``; older
+    checkpoints have a top-level ``rope_theta`` and ``rope_scaling: {type|rope_type, ...}``.
+    """
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported rope type {rope_type!r}; supported: " + ", ".join(SUPPORTED_ROPE_TYPES))
+    if params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        if "original_max_position_embeddings" in cfg:  # Phi-3 style, wins as in transformers
+            params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        params.setdefault("original_max_position_embeddings",
+                          cfg.get("max_position_embeddings", 8192))
+    return theta, {"rope_type": rope_type, **params}
