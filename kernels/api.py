@@ -56,13 +56,17 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale=1.0, v_scale=1.0, impl=None) -> torch.Tensor:
-    """Causal attention of packed new tokens over the paged KV (cached prefix plus themselves)."""
+                            k_scale=1.0, v_scale=1.0, impl=None, max_seqlen_q=None) -> torch.Tensor:
+    """Causal attention of packed new tokens over the paged KV (cached prefix plus themselves).
+
+    ``max_seqlen_q`` (optional, the longest query length) spares the triton path a device read.
+    """
     if _use_triton(impl, q):
         from kvscope.kernels import triton_attention
 
         return triton_attention.paged_prefill_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale)
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale,
+            max_seqlen_q)
     return reference.paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale)
 

@@ -1,0 +1,256 @@
+"""Triton paged attention: a flash-attention style prefill and a split-K (flash-decoding) decode.
+
+Both kernels gather K/V token by token through the block table (``slot = table[p // bs] * bs +
+p % bs``) in tiles of BLOCK_N positions, so any page size works, including ones below the
+16-wide minimum of ``tl.dot``. Scores, softmax and accumulators are float32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kvscope.kernels.reference import is_fp8
+
+PREFILL_BLOCK_M = 32
+BLOCK_N = 32
+DECODE_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 16
+
+
+def _dot_options(q: torch.Tensor) -> dict:
+    # The interpreter computes tl.dot on bfloat16 wrongly, so it gets float32 throughout; on a GPU
+    # fp16/bf16 queries use the tensor cores and float32 ones exact ("ieee") products.
+    f32 = os.environ.get("TRITON_INTERPRET") == "1" or q.dtype == torch.float32
+    return {"DOT_F32": f32, "PRECISION": "ieee" if f32 else "tf32"}
+
+
+@triton.jit
+def _load_kv_tile(cache_ptr, table_row_ptr, offs_n, n_mask, dims, d_mask, kv_head,
+                  stride_b, stride_s, stride_h, PAGE: tl.constexpr):
+    blocks = tl.load(table_row_ptr + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    rows = blocks * stride_b + (offs_n % PAGE) * stride_s + kv_head * stride_h
+    return tl.load(cache_ptr + rows[:, None] + dims[None, :],
+                   mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, cu_ptr, ctx_ptr,
+    qk_scale, v_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    stride_cb, stride_cs, stride_ch,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(cu_ptr + seq)
+    q_len = tl.load(cu_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(ctx_ptr + seq)
+    kv_head = head // GROUP
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = ctx - q_len + offs_m
+    dims = tl.arange(0, BLOCK_D)
+    d_mask = dims < HEAD_DIM
+    q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table_row = tables_ptr + seq * stride_tb
+    # Keys after the tile's last query are masked for every row: stop there.
+    kv_end = ctx - q_len + tl.minimum((tile + 1) * BLOCK_M, q_len)
+    # The first tile holds position 0, visible to every row, so m_i is finite after it.
+    for start in range(0, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_end
+        k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                          stride_cb, stride_cs, stride_ch, PAGE)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                          stride_cb, stride_cs, stride_ch, PAGE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc * (v_scale / l_i)[:, None]
+    tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr,
+    qk_scale, tokens_per_split,
+    stride_qb, stride_qh, stride_tb, stride_cb, stride_cs, stride_ch,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # One program: all query heads sharing one KV head, over one partition of the context.
+    # Grouping lets K/V be loaded once per group and fills tl.dot's 16 rows (padded heads unused).
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(ctx, start + tokens_per_split)
+    heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
+    h_mask = tl.arange(0, BLOCK_H) < GROUP
+    dims = tl.arange(0, BLOCK_D)
+    d_mask = dims < HEAD_DIM
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    table_row = tables_ptr + seq * stride_tb
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                          stride_cb, stride_cs, stride_ch, PAGE)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                          stride_cb, stride_cs, stride_ch, PAGE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        m_i = m_new
+
+    # An empty partition stores m = -inf, l = 0, acc = 0: weight zero in the reduction.
+    part = (seq * NUM_HEADS + heads) * NUM_SPLITS + split
+    tl.store(part_m_ptr + part, m_i, mask=h_mask)
+    tl.store(part_l_ptr + part, l_i, mask=h_mask)
+    tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
+             mask=h_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, v_scale,
+    stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    s_mask = splits < NUM_SPLITS
+    dims = tl.arange(0, BLOCK_D)
+    d_mask = dims < HEAD_DIM
+    part = (seq * NUM_HEADS + head) * NUM_SPLITS + splits
+    m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)  # noqa: E741
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+                  mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    # Partition 0 always holds position 0, so the global max is finite.
+    weight = tl.exp(m - tl.max(m, axis=0))
+    total = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, (total * v_scale).to(
+        out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def _check(q, k_cache, v_cache):
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the KV cache must be contiguous"
+    assert k_cache.dtype == v_cache.dtype and k_cache.shape == v_cache.shape
+    assert q.shape[1] % k_cache.shape[2] == 0, "num_heads must be a multiple of num_kv_heads"
+    return q if q.stride(-1) == 1 else q.contiguous()
+
+
+def _head_block(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float, float]:
+    return (float(k_scale), float(v_scale)) if is_fp8(cache.dtype) else (1.0, 1.0)
+
+
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+    q = _check(q, k_cache, v_cache)
+    out = torch.empty_like(q)
+    batch = context_lens.shape[0]
+    if q.shape[0] == 0 or batch == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    grid = (batch, num_heads, triton.cdiv(max_seqlen_q, PREFILL_BLOCK_M))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, context_lens,
+        float(scale) * k_scale, v_scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=num_heads // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_D=_head_block(head_dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=BLOCK_N, **_dot_options(q),
+    )
+    return out
+
+
+def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
+    """Enough partitions to keep long contexts parallel, fewer when the batch fills the GPU."""
+    by_length = triton.cdiv(max_context, DECODE_TOKENS_PER_SPLIT)
+    by_occupancy = max(1, 256 // max(1, batch * num_kv_heads))
+    return max(1, min(MAX_SPLITS, by_length, by_occupancy))
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                           k_scale=1.0, v_scale=1.0, num_splits=None) -> torch.Tensor:
+    q = _check(q, k_cache, v_cache)
+    batch, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    # The table width bounds the context without reading context_lens back from the device.
+    max_context = block_tables.shape[1] * page
+    if num_splits is None:
+        num_splits = choose_num_splits(max_context, batch, num_kv_heads)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), BLOCK_N) * BLOCK_N
+    k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
+    part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
+                           device=q.device)
+    group = num_heads // num_kv_heads
+    block_d = _head_block(head_dim)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, part_m, part_l, part_acc,
+        float(scale) * k_scale, tokens_per_split,
+        q.stride(0), q.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        **_dot_options(q),
+    )
+    _decode_reduce_kernel[(batch, num_heads)](
+        part_m, part_l, part_acc, out, v_scale, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+    )
+    return out
