@@ -35,13 +35,19 @@ def dequantize(stored: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    if slots.numel() == 0:
+    keep = (slot_mapping >= 0).nonzero().squeeze(1)
+    if keep.numel() == 0:
         return
+    slots = slot_mapping if keep.numel() == slot_mapping.numel() else slot_mapping[keep]
     for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        if keep.numel() != x.shape[0]:
+            x = x.index_select(0, keep)
+        values = quantize(x, cache.dtype, scale)
         flat = cache.view(-1, cache.shape[2], cache.shape[3])
-        flat[slots] = quantize(x[keep], cache.dtype, scale)
+        # index_copy_ is far faster than index_put on the CPU but has no fp8 kernel: copy bytes.
+        if is_fp8(cache.dtype):
+            flat, values = flat.view(torch.uint8), values.view(torch.uint8)
+        flat.index_copy_(0, slots.long(), values)
 
 
 def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
@@ -55,15 +61,16 @@ def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
 def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
     """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions. Returns [M, H, D]."""
     m, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
+    n, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads
-    qg = q.view(m, num_kv_heads, group, head_dim)
-    scores = torch.einsum("mkgd,nkd->kgmn", qg, k) * scale
-    mask = k_pos[None, :] > q_pos[:, None]
-    scores.masked_fill_(mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("kgmn,nkd->mkgd", probs, v)
-    return out.reshape(m, num_heads, head_dim)
+    # Batched over KV heads, with each head's query group stacked as rows.
+    qg = q.view(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    qg = qg.reshape(num_kv_heads, group * m, head_dim)
+    scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
+    scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * m, n)
+    out = torch.bmm(probs, v.transpose(0, 1)).view(num_kv_heads, group, m, head_dim)
+    return out.permute(2, 0, 1, 3).reshape(m, num_heads, head_dim)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
