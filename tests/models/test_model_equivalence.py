@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from conftest import (
+from model_testutil import (
     LOGIT_ATOL,
     MODEL_SPECS,
     BlockAllocator,

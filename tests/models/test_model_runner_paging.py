@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LOGIT_ATOL, BlockAllocator, PagedSeq, greedy_decode, random_prompt
+from model_testutil import LOGIT_ATOL, BlockAllocator, PagedSeq, greedy_decode, random_prompt
 
 from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
