@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up (or update) ./.venv with kvscope and its pinned dependencies. Safe to run again.
+#   bash scripts/setup.sh          # the app
+#   bash scripts/setup.sh --dev    # the app plus the test and lint tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian libraries Qt needs (also offscreen) and a font for the tests' screenshots.
+# Installed only when missing, and only where we may (root with apt-get).
+debs=(fonts-dejavu-core libegl1 libgl1 libopengl0 libxkbcommon0 libfontconfig1 libdbus-1-3
+      libglib2.0-0)
+if command -v dpkg-query >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    missing=()
+    for d in "${debs[@]}"; do
+        dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q "ok installed" || missing+=("$d")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "setup: installing ${missing[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    fi
+fi
+
+py=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+extras=""
+[ "${1:-}" = "--dev" ] && extras="[dev]"
+echo "setup: installing kvscope${extras} into .venv (first time: about a minute)"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"

@@ -1,0 +1,52 @@
+"""engine/, kernels/ and sessions/ never import Qt, pyqtgraph or the app; opening a recording
+never needs torch. Checked by walking every import statement in those folders."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("PySide6", "pyqtgraph", "kvscope.app", "shiboken6")
+TORCH_FREE = ["engine/__init__.py", "engine/block_hash.py", "engine/block_pool.py",
+              "engine/events.py", "engine/explain.py", "engine/kv_cache_manager.py",
+              "engine/snapshot.py"]
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def files(folder):
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", ["engine", "kernels", "sessions"])
+def test_core_folders_never_import_qt_or_the_app(folder):
+    assert files(folder), f"{folder}/ has no Python files"
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files(folder)
+        for name in imported_modules(path)
+        if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
+    ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("name", TORCH_FREE)
+def test_snapshot_and_event_modules_are_torch_free(name):
+    bad = {m for m in imported_modules(ROOT / name) if m.split(".")[0] in ("torch", "triton")}
+    assert not bad, f"{name} imports {bad}"
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path):
+    """The walk finds imports nested in functions and from-imports."""
+    sample = tmp_path / "m.py"
+    sample.write_text("def f():\n    from PySide6.QtCore import QObject\n    import torch\n")
+    assert {"PySide6.QtCore", "torch"} <= imported_modules(sample)
