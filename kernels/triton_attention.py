@@ -25,7 +25,7 @@ def _dot_options(q: torch.Tensor) -> dict:
     # The interpreter computes tl.dot on bfloat16 wrongly, so it gets float32 throughout; on a GPU
     # fp16/bf16 queries use the tensor cores and float32 ones exact ("ieee") products.
     f32 = os.environ.get("TRITON_INTERPRET") == "1" or q.dtype == torch.float32
-    return {"DOT_F32": f32, "PRECISION": "ieee" if f32 else "tf32"}
+    return {"DOT_F32": f32, "PRECISION": "ieee" if f32 else None}
 
 
 @triton.jit
@@ -251,6 +251,6 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     _decode_reduce_kernel[(batch, num_heads)](
         part_m, part_l, part_acc, out, v_scale, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
     )
     return out

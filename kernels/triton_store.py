@@ -65,6 +65,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
         float(k_scale), float(v_scale),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=max(2, triton.next_power_of_2(num_kv_heads)),
+        BLOCK_D=triton.next_power_of_2(head_dim),
         IS_FP8=is_fp8(k_cache.dtype), FP8_LIMIT=FP8_MAX,
     )

@@ -173,3 +173,40 @@ def test_auto_impl_uses_torch_on_cpu(monkeypatch):
     with pytest.raises(AssertionError, match="triton called"):
         paged_decode_attention(torch.randn(1, 1, 16), k_cache, v_cache, tables, lens, 0.25,
                                impl="triton")
+
+
+@pytest.mark.parametrize("cache_dtype", [F16, FP8], ids=_id)
+def test_chunked_prefill_then_decode_pipeline_matches_dense(cache_dtype):
+    """The way the model runner uses the kernels: store, attend; a second chunk; then decode."""
+    from kv_testutil import dense_causal_attention, from_cache, to_cache
+
+    block_size, num_kv_heads, group, head_dim = 8, 2, 2, 16
+    k_scale, v_scale = scales_for(cache_dtype)
+    gen = torch.Generator().manual_seed(3)
+    n = 30  # chunks of 20 and 9 tokens, then one decode token
+    k = torch.randn(n, num_kv_heads, head_dim, generator=gen).half()
+    v = torch.randn(n, num_kv_heads, head_dim, generator=gen).half()
+    q = torch.randn(n, num_kv_heads * group, head_dim, generator=gen).half()
+    table = torch.tensor([[5, 0, 3, 6]], dtype=torch.int32)
+    slots = torch.cat([table[0, p // block_size:p // block_size + 1] * block_size
+                       + p % block_size for p in range(n)]).long()
+    shape = (7, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape).to(cache_dtype), torch.zeros(shape).to(cache_dtype)
+    outs = []
+    for lo, hi in ((0, 20), (20, 29)):
+        store_kv(k[lo:hi], v[lo:hi], k_cache, v_cache, slots[lo:hi], k_scale, v_scale,
+                 impl="triton")
+        cu = torch.tensor([0, hi - lo], dtype=torch.int32)
+        outs.append(paged_prefill_attention(q[lo:hi], k_cache, v_cache, table, cu,
+                                            torch.tensor([hi], dtype=torch.int32), 0.25,
+                                            k_scale, v_scale, impl="triton"))
+    store_kv(k[29:], v[29:], k_cache, v_cache, slots[29:], k_scale, v_scale, impl="triton")
+    outs.append(paged_decode_attention(q[29:], k_cache, v_cache, table,
+                                       torch.tensor([n], dtype=torch.int32), 0.25, k_scale,
+                                       v_scale, num_splits=2, impl="triton"))
+    # Dense oracle on what the cache can represent.
+    k_seen = from_cache(to_cache(k, cache_dtype, k_scale), k_scale)
+    v_seen = from_cache(to_cache(v, cache_dtype, v_scale), v_scale)
+    want = dense_causal_attention(q.float(), k_seen, v_seen, 0.25).half()
+    got = torch.cat(outs)
+    assert_matches(got, want)
