@@ -37,8 +37,12 @@ class SeqChunk:
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
-                 kv_cache_dtype: str = "auto", device: str | torch.device = "cpu"):
+                 kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
+                 kernel_impl: str | None = None):
+        """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
+        forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests)."""
         self.device = torch.device(device)
+        self.kernel_impl = kernel_impl
         self.model = loaded.model.to(self.device)
         self.config = cfg = loaded.config
         self.model_dtype = loaded.dtype
@@ -70,7 +74,7 @@ class ModelRunner:
             for layer in self.kv_cache:
                 kernels.copy_blocks(layer[0], layer[1], pairs)
         if not chunks:
-            return torch.empty(0, self.config.vocab_size)
+            return torch.empty(0, self.config.vocab_size, device=self.device)
 
         bs = self.block_size
         ids: list[int] = []
@@ -102,6 +106,7 @@ class ModelRunner:
             is_decode=all(n == 1 for n in seq_lens),
             k_scales=self.k_scales,
             v_scales=self.v_scales,
+            kernel_impl=self.kernel_impl,
         )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         hidden = self.model(input_ids, torch.cat(positions).to(dev), ctx)

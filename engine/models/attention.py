@@ -33,6 +33,7 @@ class AttentionContext:
     k_scales: list[float] | None = None      # per layer, fp8 caches only
     v_scales: list[float] | None = None
     kv_amax: list[tuple[float, float]] | None = None  # if a list: layers append (|k|max, |v|max)
+    kernel_impl: str | None = None           # None: triton on CUDA, torch elsewhere
 
 
 class Attention(nn.Module):
@@ -55,14 +56,15 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv_cache[self.layer_idx]
         k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
         v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
-        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
+        impl = ctx.kernel_impl
+        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale, impl=impl)
         if ctx.is_decode:
             return kernels.paged_decode_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale,
-                k_scale, v_scale)
+                k_scale, v_scale, impl=impl)
         return kernels.paged_prefill_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens,
-            self.scale, k_scale, v_scale)
+            self.scale, k_scale, v_scale, impl=impl)
 
     def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:
         outs = []
