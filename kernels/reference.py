@@ -64,7 +64,7 @@ def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
     n, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads
     # Batched over KV heads, with each head's query group stacked as rows.
-    qg = q.view(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    qg = q.reshape(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * m, head_dim)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
     scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
@@ -112,7 +112,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         return dequantize(cache[table].reshape(batch, -1, num_kv_heads, head_dim), s)
 
     k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
-    qg = q.float().view(batch, num_kv_heads, group, head_dim)
+    qg = q.float().reshape(batch, num_kv_heads, group, head_dim)
     scores = torch.einsum("bkgd,bnkd->bkgn", qg, k) * scale
     pos = torch.arange(k.shape[1], device=q.device)
     mask = pos[None, :] >= context_lens.to(q.device).long()[:, None]

@@ -163,3 +163,16 @@ def test_impl_must_be_known():
     with pytest.raises(ValueError, match="impl"):
         store_kv(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1, 1),
                  torch.zeros(1, 1, 1, 1), torch.tensor([0]), impl="cuda")
+
+
+def test_reference_accepts_non_contiguous_queries():
+    k_cache, v_cache, tables, dense = build_paged([12], 2, 16, 8, torch.float32)
+    q = torch.randn(4, 10, 16).transpose(0, 1)  # [10 tokens, 4 heads, 16], not contiguous
+    lens = torch.tensor([12], dtype=torch.int32)
+    out = paged_prefill_attention(q, k_cache, v_cache, tables,
+                                  torch.tensor([0, 10], dtype=torch.int32), lens, 0.25,
+                                  impl="torch")
+    torch.testing.assert_close(out, dense_causal_attention(q, *dense[0], 0.25),
+                               atol=REF_ATOL, rtol=0)
+    dec = paged_decode_attention(q[-1:], k_cache, v_cache, tables, lens, 0.25, impl="torch")
+    torch.testing.assert_close(dec, out[-1:], atol=REF_ATOL, rtol=0)
