@@ -22,6 +22,7 @@ from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # stale buffers some old checkpoints carry
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
@@ -203,9 +204,19 @@ def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied
 def _load_tokenizer(path: Path):
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
     try:
+        tokenizer_class = json.loads(
+            (path / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        tokenizer_class = None
+    try:
+        if tokenizer_class in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
+            # The class AutoTokenizer resolves this name to, minus AutoConfig's imports (~2 s).
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"cannot load the tokenizer in {path}: "

@@ -16,6 +16,19 @@ from kvscope.engine.models.config import ModelConfig
 from kvscope.engine.models.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 
 
+class Linear(nn.Linear):
+    """nn.Linear without random init: weights always come from a checkpoint, and skipping the
+    init keeps meta-device construction fast."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -34,10 +47,10 @@ class LlamaAttention(nn.Module):
         super().__init__()
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_proj = Linear(cfg.hidden_size, h * d, bias=cfg.qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
+        self.o_proj = Linear(h * d, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -60,9 +73,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -84,7 +97,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -96,7 +109,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # A plain attribute, not a buffer: not in the state dict, and survives meta-device init.
         self.inv_freq = rope_inv_freq(cfg)
 
