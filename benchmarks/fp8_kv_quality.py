@@ -2,8 +2,8 @@
 """How much does an fp8 KV cache cost in quality, and what does it save in memory?
 
 For a tiny random Llama (built here, seeded) and the demo model (if built), runs 64 greedy
-decode steps with the unquantised cache ("auto": the model dtype, float32 on CPU), a 16-bit
-cache (bfloat16), and fp8 (e4m3) with unit scales and with calibrated per-layer scales.
+decode steps with the unquantised cache ("auto": the model dtype, float32 on CPU), 16-bit
+caches (float16, bfloat16), and fp8 (e4m3) with unit scales and with calibrated per-layer scales.
 
 Printed per cache:
 - KV bytes per token, from the real cache tensor (asserted: fp8 is exactly half of 16-bit);
@@ -34,7 +34,8 @@ from kvscope.engine.loader import LoadedModel, ModelLoadError, load_model  # noq
 from kvscope.engine.model_runner import ModelRunner, SeqChunk  # noqa: E402
 
 BLOCK_SIZE = 16
-CACHES = [("auto", "unit"), ("bfloat16", "unit"), ("fp8", "unit"), ("fp8", "calibrated")]
+CACHES = [("auto", "unit"), ("float16", "unit"), ("bfloat16", "unit"), ("fp8", "unit"),
+          ("fp8", "calibrated")]
 
 
 def build_random_llama(folder: Path) -> None:
@@ -117,17 +118,19 @@ def evaluate(name: str, loaded: LoadedModel, prompt: list[int], steps: int) -> N
         mean_dev = [d.mean().item() for d in dev]
         forced_agree = sum(a == b for a, b in zip(forced_tokens, ref_tokens, strict=True))
         free_agree = sum(a == b for a, b in zip(free_tokens, ref_tokens, strict=True))
-        label = {"auto": f"{runner.cache_dtype}".replace("torch.", ""), "bfloat16": "bfloat16",
-                 "fp8": f"fp8 e4m3, {scales}"}[cache]
+        label = (f"fp8 e4m3, {scales}" if cache == "fp8"
+                 else str(runner.cache_dtype).replace("torch.", ""))
         print(f"{label:<22}{runner.kv_bytes_per_token:>12}{statistics.median(max_dev):>13.2e}"
               f"{max(max_dev):>13.2e}{statistics.median(mean_dev):>14.2e}"
               f"{forced_agree:>9}/{steps:<4}{free_agree:>7}/{steps:<4}"
               f"{first_divergence(free_tokens, ref_tokens):>13}")
 
     # fp8 halves the 16-bit cache: checked on the real tensors, not on a formula.
-    assert nbytes["fp8"][0] * 2 == nbytes["bfloat16"][0], nbytes
-    assert nbytes["fp8"][1] * 2 == nbytes["bfloat16"][1], nbytes
-    print(f"fp8 KV bytes/token {nbytes['fp8'][0]} = 1/2 of bfloat16 {nbytes['bfloat16'][0]}"
+    for half in ("float16", "bfloat16"):
+        assert nbytes["fp8"][0] * 2 == nbytes[half][0], nbytes
+        assert nbytes["fp8"][1] * 2 == nbytes[half][1], nbytes
+    print(f"fp8 KV bytes/token {nbytes['fp8'][0]} = 1/2 of float16/bfloat16 "
+          f"{nbytes['bfloat16'][0]}"
           f" = 1/4 of {loaded.dtype} {nbytes['auto'][0]} (from the cache tensors)")
     text_of = getattr(loaded.tokenizer, "decode", None)
     if text_of:
