@@ -72,7 +72,7 @@ class ModelRunner:
         if copies:
             pairs = [(int(s), int(d)) for s, d in copies]
             for layer in self.kv_cache:
-                pass
+                kernels.copy_blocks(layer[0], layer[1], pairs)
         if not chunks:
             return torch.empty(0, self.config.vocab_size, device=self.device)
 
