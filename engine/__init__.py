@@ -1,12 +1,24 @@
 """The paged-KV inference engine. Pure Python + torch; never imports Qt or kvscope.app.
 
-Importing this package does not import torch: the cache manager, snapshots and events are
-torch-free so that tools that only read recordings stay light.
+`Engine` (and so torch) is imported lazily: the cache manager, snapshots and events are
+torch-free, so tools that only read recordings stay light.
 """
 
 from kvscope.engine.block_pool import NoFreeBlocksError
+from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.metrics import RequestMetrics, StepRecord
+from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.snapshot import Snapshot
 
-__all__ = ["KVCacheManager", "MissExplanation", "NoFreeBlocksError", "Snapshot"]
+__all__ = ["Engine", "EngineConfig", "KVCacheManager", "MissExplanation", "NoFreeBlocksError",
+           "RequestMetrics", "RequestOutput", "SamplingParams", "Snapshot", "StepRecord"]
+
+
+def __getattr__(name):
+    if name == "Engine":
+        from kvscope.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'kvscope.engine' has no attribute {name!r}")

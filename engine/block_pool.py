@@ -33,6 +33,7 @@ class BlockPool:
         self.evicted_history = evicted_history
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
+        self.num_cached = 0  # blocks in the free queue that keep a hash (evictable)
 
     @property
     def num_available(self) -> int:
@@ -44,6 +45,7 @@ class BlockPool:
         for b in blocks:
             if self.ref_count[b] == 0:
                 del self.free_queue[b]
+                self.num_cached -= self.block_hash[b] is not None
             self.ref_count[b] += 1
             self.last_use[b] = step
 
@@ -57,6 +59,7 @@ class BlockPool:
             h = self.block_hash[b]
             if h is not None:
                 self._drop_hash(b, h, step, "evicted")
+                self.num_cached -= 1
                 evicted.append(b)
             self.ref_count[b] = 1
             self.last_use[b] = step
@@ -73,6 +76,8 @@ class BlockPool:
                 self.free_queue[b] = None
                 if self.block_hash[b] is None:
                     self.free_queue.move_to_end(b, last=False)
+                else:
+                    self.num_cached += 1
 
     def cache(self, block: int, block_hash: BlockHash) -> bool:
         """Register a full block under its hash. False if another block already holds that hash
@@ -93,6 +98,7 @@ class BlockPool:
         for b in reversed(blocks):
             if self.ref_count[b] == 0:
                 self.free_queue.move_to_end(b, last=False)
+        self.num_cached = 0
         return blocks
 
     def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:

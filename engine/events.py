@@ -17,6 +17,18 @@ RESET = "reset"  # reset_prefix_cache(): blocks = the blocks whose hash was drop
 
 BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET)
 
+# Request events (the scheduler and the engine).
+ARRIVED = "arrived"  # add_request accepted it into the waiting queue
+ADMITTED = "admitted"  # moved from waiting to running (detail: cached / to compute)
+PREFILL = "prefill"  # a prompt chunk computed (detail: tokens)
+DECODE = "decode"  # one decode token computed
+PREEMPTED = "preempted"  # gave its blocks back, to be recomputed later
+CANCELLED = "cancelled"
+REJECTED = "rejected"  # can never fit the pool (detail: why)
+FINISHED = "finished"  # detail: the finish reason
+
+REQUEST_EVENTS = (ARRIVED, ADMITTED, PREFILL, DECODE, PREEMPTED, CANCELLED, REJECTED, FINISHED)
+
 
 @dataclass(frozen=True, slots=True)
 class Event:

@@ -104,7 +104,7 @@ class CacheMachine(RuleBasedStateMachine):
         snap = mgr.snapshot()
         assert (snap.num_free_blocks + snap.num_active_blocks + snap.num_cached_blocks
                 == self.num_blocks)
-        assert snap.num_cached_blocks == sum(
+        assert snap.num_cached_blocks == pool.num_cached == sum(
             1 for b in pool.free_queue if pool.block_hash[b] is not None)
 
     @invariant()
