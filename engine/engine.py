@@ -221,7 +221,8 @@ class Engine:
 
     def _step_paged(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
         sched = self.scheduler.schedule(now)
-        rec.num_preempted, rec.hit_tokens = len(sched.preempted), sched.hit_tokens
+        rec.num_preempted = len(sched.preempted)
+        rec.hit_tokens, rec.query_tokens = sched.hit_tokens, sched.query_tokens
         prefill = [c for c in sched.chunks if not self._is_decode(c)]
         decode = [c for c in sched.chunks if self._is_decode(c)]
         copies = sched.copies

@@ -21,6 +21,7 @@ class StepRecord:
     num_active_blocks: int = 0
     num_cached_blocks: int = 0
     hit_tokens: int = 0  # prompt tokens served from the cache by admissions in this step
+    query_tokens: int = 0  # prompt tokens looked up by first admissions in this step
     num_preempted: int = 0
     warmup: bool = False  # one of the first steps of a fresh engine: timings are not typical
 

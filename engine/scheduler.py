@@ -30,7 +30,8 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Request] = field(default_factory=list)
-    hit_tokens: int = 0
+    hit_tokens: int = 0  # first admissions only, as in the manager's counters
+    query_tokens: int = 0
 
 
 class Scheduler:
@@ -83,6 +84,7 @@ class Scheduler:
                 req.metrics.first_scheduled_s = now
                 req.metrics.cached_tokens = cached
                 out.hit_tokens += cached
+                out.query_tokens += len(tokens)
             self.running.append(req)
             out.chunks.append(ScheduledChunk(req, cached, n))
             mgr.events.emit(ev.ADMITTED, mgr.step, req.request_id,
