@@ -201,23 +201,37 @@ class Engine:
         rec = StepRecord(step=self.num_steps, start_s=t0,
                          warmup=self.num_steps < self.config.warmup_steps)
         outputs, self._pending = self._pending, []
-        if self.config.enable_kv_cache:
-            self._step_paged(rec, t0, outputs)
-        else:
-            self._step_naive(rec, t0, outputs)
-        pool = self.manager.pool
-        rec.num_waiting, rec.num_running = len(self.scheduler.waiting), len(self.scheduler.running)
-        rec.num_cached_blocks = pool.num_cached
-        rec.num_free_blocks = pool.num_available - pool.num_cached
-        rec.num_active_blocks = pool.num_blocks - pool.num_available
-        rec.wall_s = time.monotonic() - t0
-        self.step_records.append(rec)
-        self.num_steps += 1
-        if self._subscribers:
-            update = StepUpdate(rec, self.events.drain(), outputs)
-            for sub in self._subscribers:
-                sub._queue.put(update)
+        try:
+            if self.config.enable_kv_cache:
+                self._step_paged(rec, t0, outputs)
+            else:
+                self._step_naive(rec, t0, outputs)
+        finally:  # a failed step is still a step: recorded, counted and published
+            pool = self.manager.pool
+            rec.num_waiting = len(self.scheduler.waiting)
+            rec.num_running = len(self.scheduler.running)
+            rec.num_cached_blocks = pool.num_cached
+            rec.num_free_blocks = pool.num_available - pool.num_cached
+            rec.num_active_blocks = pool.num_blocks - pool.num_available
+            rec.wall_s = time.monotonic() - t0
+            self.step_records.append(rec)
+            self.num_steps += 1
+            if self._subscribers:
+                update = StepUpdate(rec, self.events.drain(), outputs)
+                for sub in self._subscribers:
+                    sub._queue.put(update)
         return outputs
+
+    def _fail(self, reqs: list[Request], error: Exception) -> None:
+        """The forward pass or sampling raised: the requests in it finish with an error and give
+        their blocks back, so the engine stays consistent and serves the rest."""
+        message = f"{type(error).__name__}: {error}"
+        for req in reqs:
+            if not req.finished:
+                self._release(req)
+                self.events.emit(ev.FINISHED, self.manager.step, req.request_id,
+                                 detail=f"error: {message}")
+                self._finish(req, "error", error=message)
 
     def _step_paged(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
         sched = self.scheduler.schedule(now)
@@ -229,13 +243,18 @@ class Engine:
         for group, is_prefill in ((prefill, True), (decode, False)):
             if not group:
                 continue
-            seq_chunks = [SeqChunk(c.request.all_token_ids[c.start:c.start + c.num_tokens],
-                                   c.start, self.manager.block_table(c.request.request_id),
-                                   want_logits=self._completes(c)) for c in group]
-            with _ForwardTimer(self.device) as timer:
-                logits = self.runner.run(seq_chunks, copies)
-            copies = []
-            self._sample_all([c.request for c in group if self._completes(c)], logits, outputs)
+            try:
+                seq_chunks = [SeqChunk(c.request.all_token_ids[c.start:c.start + c.num_tokens],
+                                       c.start, self.manager.block_table(c.request.request_id),
+                                       want_logits=self._completes(c)) for c in group]
+                with _ForwardTimer(self.device) as timer:
+                    logits = self.runner.run(seq_chunks, copies)
+                copies = []
+                self._sample_all([c.request for c in group if self._completes(c)], logits,
+                                 outputs)
+            except Exception as e:
+                self._fail([c.request for c in sched.chunks], e)
+                raise
             self._account(rec, group, timer.seconds(), is_prefill)
 
     def _step_naive(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
@@ -251,9 +270,13 @@ class Engine:
             group = [r for r in reqs if (not r.output_token_ids) == is_prefill]
             if not group:
                 continue
-            with _ForwardTimer(self.device) as timer:
-                logits = self.runner.run_naive([r.all_token_ids for r in group])
-            self._sample_all(group, logits, outputs)
+            try:
+                with _ForwardTimer(self.device) as timer:
+                    logits = self.runner.run_naive([r.all_token_ids for r in group])
+                self._sample_all(group, logits, outputs)
+            except Exception as e:
+                self._fail(reqs, e)
+                raise
             chunks = [ScheduledChunk(r, 0, r.num_tokens) for r in group]
             self._account(rec, chunks, timer.seconds(), is_prefill)
 

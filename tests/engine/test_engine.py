@@ -201,3 +201,25 @@ def test_greedy_parallel_samples_read_identical_kv(tiny_llama):
     while engine.has_unfinished():
         engine.step()
     assert all(engine.requests[r].output_token_ids == single for r in ids)
+
+
+def test_a_failing_forward_fails_its_requests_and_the_engine_serves_on(tiny_llama, monkeypatch):
+    engine = make(tiny_llama)
+    a = engine.add_request(prompt(20, seed=90), GREEDY)
+    real_run = engine.runner.run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(engine.runner, "run", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.step()
+    assert engine.requests[a].finish_reason == "error"
+    assert "simulated kernel failure" in engine.requests[a].error
+    assert check_pool(engine).num_active_blocks == 0
+    assert len(engine.step_records) == 1
+    monkeypatch.setattr(engine.runner, "run", real_run)
+    out = engine.step()
+    assert [o.finish_reason for o in out] == ["error"]  # reported once, by the next step
+    b = engine.generate([prompt(20, seed=91)], GREEDY)[0]
+    assert b.finish_reason == "length" and len(b.token_ids) == 16
