@@ -1,0 +1,22 @@
+"""Start the desktop application."""
+
+from __future__ import annotations
+
+import sys
+
+
+def run_gui(model: str = "demo", argv: list[str] | None = None) -> int:
+    import pyqtgraph as pg
+    from PySide6.QtWidgets import QApplication
+
+    from kvscope.app.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv[:1])
+    app.setApplicationName("kvscope")
+    app.setOrganizationName("kvscope")
+    pg.setConfigOptions(antialias=False)
+    window = MainWindow()
+    window.show()
+    window.model_box.setEditText(model)
+    window.load_model(model)
+    return app.exec()

@@ -1,0 +1,383 @@
+"""The main window: dockable panels around the block pool, a toolbar, a status bar."""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QProgressDialog,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from kvscope.app.banner import ErrorBanner
+from kvscope.app.engine_worker import EngineWorker, Frame
+from kvscope.app.panels.composer import Composer
+from kvscope.app.panels.details import DetailsPanel
+from kvscope.app.panels.events_panel import EventsPanel
+from kvscope.app.panels.pool_view import PoolView
+from kvscope.app.panels.requests_panel import RequestsPanel
+from kvscope.app.panels.timeline import Timeline
+from kvscope.app.selection import Selection
+from kvscope.engine.config import EngineConfig
+
+FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
+HINT = "Press Run demo (F5) or type a prompt"
+DEMO_WORKLOAD = "shared_system_prompt.jsonl"
+
+
+def workloads_dir() -> Path:
+    return Path(os.fspath(importlib.resources.files("kvscope.resources") / "workloads"))
+
+
+class MainWindow(QMainWindow):
+    # Queued into the worker thread.
+    load_requested = Signal(str, object)
+    submit_requested = Signal(object, object, object)
+    workload_requested = Signal(object)
+    resume_requested = Signal()
+    pause_requested = Signal()
+    step_requested = Signal()
+    cancel_requested = Signal(int)
+
+    def __init__(self, settings: QSettings | None = None):
+        super().__init__()
+        self.setWindowTitle("kvscope")
+        self.settings = settings or QSettings("kvscope", "kvscope")
+        self.selection = Selection()
+        self.engine = None  # set when a model is loaded; read only from the GUI for info
+        self.snapshot = None
+        self.model_name = "demo"
+        self.running = False
+        self._token_window: list[tuple[float, int]] = []
+        self._build_panels()
+        self._build_toolbar()
+        self._build_worker()
+        self._wire_selection()
+        self.status = QLabel(HINT)
+        self.statusBar().addWidget(self.status, 1)
+        self.frame_timer = QTimer(self)
+        self.frame_timer.timeout.connect(self.pull_frame)
+        self.frame_timer.start(FRAME_MS)
+        self._restore_layout()
+
+    # --------------------------------------------------------------- layout
+    def _build_panels(self) -> None:
+        self.banner = ErrorBanner()
+        self.pool = PoolView()
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.pool, 1)
+        self.setCentralWidget(central)
+        self.requests = RequestsPanel()
+        self.composer = Composer()
+        self.details = DetailsPanel()
+        self.timeline = Timeline()
+        self.events = EventsPanel()
+        self.docks = {}
+        for name, title, widget, area in [
+            ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
+            ("composer", "Prompt", self.composer, Qt.LeftDockWidgetArea),
+            ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
+            ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
+            ("events", "Events", self.events, Qt.BottomDockWidgetArea),
+        ]:
+            dock = QDockWidget(title, self)
+            dock.setObjectName(f"dock_{name}")
+            dock.setWidget(widget)
+            self.addDockWidget(area, dock)
+            self.docks[name] = dock
+        self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
+        self.docks["timeline"].raise_()
+
+    def _build_toolbar(self) -> None:
+        tb = self.addToolBar("Main")
+        tb.setObjectName("toolbar_main")
+        self.model_box = QComboBox()
+        self.model_box.setEditable(True)
+        self.model_box.addItem("demo")
+        self.model_box.setToolTip("demo, a local model folder, or a repo id in the local "
+                                  "Hugging Face cache; Enter loads it")
+        self.model_box.lineEdit().returnPressed.connect(self.reload)
+        tb.addWidget(QLabel(" Model "))
+        tb.addWidget(self.model_box)
+        self.act_open_model = self._action("Open model folder…", "Ctrl+L", self.open_model_folder)
+        tb.addAction(self.act_open_model)
+        tb.addSeparator()
+        self.act_demo = self._action("Run demo ▶", "F5", self.run_or_resume)
+        self.act_workload = self._action("Run workload…", "Ctrl+W", self.open_workload)
+        self.act_pause = self._action("Pause ❚❚", "Space", self.pause)
+        self.act_step = self._action("Step ›", "N", self.step_once)
+        self.act_step.setShortcuts([QKeySequence("N"), QKeySequence(Qt.Key_Right)])
+        self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
+        for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step):
+            tb.addAction(a)
+        self.addAction(self.act_filter)
+        tb.addSeparator()
+        self.prefix_box = QCheckBox("prefix cache")
+        self.prefix_box.setChecked(True)
+        self.kv_box = QComboBox()
+        self.kv_box.addItems(["auto", "float16", "bfloat16", "float32", "fp8"])
+        self.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=512)
+        self.block_size_box = QSpinBox(minimum=1, maximum=256, value=16)
+        self.blocks_box.setToolTip("Physical blocks in the KV pool")
+        self.block_size_box.setToolTip("Tokens per block")
+        tb.addWidget(self.prefix_box)
+        tb.addWidget(QLabel(" kv "))
+        tb.addWidget(self.kv_box)
+        tb.addWidget(QLabel(" blocks "))
+        tb.addWidget(self.blocks_box)
+        tb.addWidget(QLabel(" × "))
+        tb.addWidget(self.block_size_box)
+        self.act_apply = self._action("Apply (reload)", "Ctrl+Shift+R", self.reload)
+        tb.addAction(self.act_apply)
+
+    def _action(self, text: str, shortcut: str, slot) -> QAction:
+        action = QAction(text, self)
+        action.setShortcut(QKeySequence(shortcut))
+        action.setToolTip(f"{text} ({shortcut})")
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def _build_worker(self) -> None:
+        self.thread = QThread(self)
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self.thread)
+        self.load_requested.connect(self.worker.load)
+        self.submit_requested.connect(self.worker.submit)
+        self.workload_requested.connect(self.worker.run_workload)
+        self.resume_requested.connect(self.worker.resume)
+        self.pause_requested.connect(self.worker.pause)
+        self.step_requested.connect(self.worker.step_once)
+        self.cancel_requested.connect(self.worker.cancel)
+        self.worker.model_loaded.connect(self._on_model_loaded)
+        self.worker.load_failed.connect(self._on_load_failed)
+        self.worker.engine_error.connect(self._on_engine_error)
+        self.worker.running_changed.connect(self._on_running_changed)
+        self.composer.submitted.connect(self.submit)
+        self.requests.cancel_requested.connect(self.cancel_requested)
+        self.requests.explain_requested.connect(self.explain)
+        self.thread.start()
+
+    def _wire_selection(self) -> None:
+        sel = self.selection
+        self.requests.request_selected.connect(sel.select_request)
+        self.pool.block_clicked.connect(sel.select_block)
+        self.timeline.step_clicked.connect(sel.select_step)
+        self.events.event_selected.connect(self._on_event_selected)
+        sel.request_changed.connect(self._on_request_selected)
+        sel.block_changed.connect(self._on_block_selected)
+        sel.step_changed.connect(self.timeline.set_cursor)
+
+    def _restore_layout(self) -> None:
+        geometry = self.settings.value("geometry")
+        state = self.settings.value("window_state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 900)
+        if state is None or not self.restoreState(state):
+            self.resizeDocks([self.docks["requests"], self.docks["details"]], [460, 320],
+                             Qt.Horizontal)
+            self.resizeDocks([self.docks["timeline"]], [330], Qt.Vertical)
+            self.resizeDocks([self.docks["requests"], self.docks["composer"]], [420, 200],
+                             Qt.Vertical)
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("window_state", self.saveState())
+        self.pause_requested.emit()
+        self.thread.quit()
+        self.thread.wait(5000)
+        super().closeEvent(event)
+
+    # ------------------------------------------------------------- actions
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(block_size=self.block_size_box.value(),
+                            num_blocks=self.blocks_box.value(),
+                            kv_cache_dtype=self.kv_box.currentText(),
+                            enable_prefix_caching=self.prefix_box.isChecked())
+
+    def load_model(self, name: str) -> None:
+        self.model_name = name
+        self.banner.hide()
+        self.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, self)
+        self.progress.setWindowTitle("kvscope")
+        self.progress.setMinimumDuration(300)
+        self.progress.canceled.connect(self._on_load_cancelled)
+        self._load_cancelled = False
+        self.status.setText(f"loading {name}…")
+        self.load_requested.emit(name, self.engine_config())
+
+    def reload(self) -> None:
+        self.load_model(self.model_box.currentText().strip() or "demo")
+
+    def open_model_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open a Hugging Face model folder")
+        if folder:
+            self.model_box.setEditText(folder)
+            self.load_model(folder)
+
+    def submit(self, prompt, params, salt) -> None:
+        if self.engine is None:
+            self.banner.show_error("No model is loaded yet.")
+            return
+        self.submit_requested.emit(prompt, params, salt)
+        self.resume_requested.emit()
+
+    def run_or_resume(self) -> None:
+        """F5: start the demo workload the first time, resume afterwards."""
+        if self.engine is None:
+            return
+        if not self._demo_started:
+            self.run_workload(workloads_dir() / DEMO_WORKLOAD)
+        else:
+            self.resume_requested.emit()
+
+    _demo_started = False
+
+    def open_workload(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Run a workload", str(workloads_dir()),
+                                              "Workloads (*.jsonl);;All files (*)")
+        if path:
+            self.run_workload(Path(path))
+
+    def run_workload(self, path: Path) -> None:
+        from kvscope.engine.workload import WorkloadError, load_workload
+
+        try:
+            workload = load_workload(path)
+        except (OSError, WorkloadError) as e:
+            self.banner.show_error(f"Cannot run {path.name}: {e}")
+            return
+        self._demo_started = True
+        self.status.setText(f"running {path.name} ({len(workload)} requests)")
+        self.workload_requested.emit(workload)
+
+    def pause(self) -> None:
+        self.pause_requested.emit()
+
+    def step_once(self) -> None:
+        self.step_requested.emit()
+
+    def focus_event_filter(self) -> None:
+        self.docks["events"].show()
+        self.docks["events"].raise_()
+        self.events.search.setFocus()
+
+    def explain(self, rid: int) -> None:
+        if self.engine is None:
+            return
+        try:
+            why = self.engine.explain_miss(rid)
+        except KeyError:
+            self.details.show_text(f"Request #{rid}", "It has not been admitted yet: nothing "
+                                   "was looked up in the cache.")
+            return
+        self.details.show_text(f"Why #{rid} missed", why.message)
+
+    # ------------------------------------------------------------- worker
+    def _on_model_loaded(self, engine) -> None:
+        if getattr(self, "_load_cancelled", False):
+            return
+        self.progress.reset()
+        self.engine = engine
+        self.snapshot = None
+        self._demo_started = False
+        self.timeline.clear()
+        self.events.clear()
+        self.selection.select_request(None)
+        self.selection.select_block(None)
+        self.status.setText(f"{self.model_name} loaded · {HINT}")
+
+    def _on_load_failed(self, message: str, detail: str) -> None:
+        self.progress.reset()
+        self.banner.show_error(f"Could not load the model: {message}", detail)
+        self.status.setText(HINT if self.engine else "no model loaded")
+
+    def _on_load_cancelled(self) -> None:
+        self._load_cancelled = True
+        self.status.setText("loading cancelled")
+
+    def _on_engine_error(self, message: str, detail: str) -> None:
+        self.banner.show_error(f"The engine stopped on an error (paused; the window keeps "
+                               f"running): {message}", detail)
+
+    def _on_running_changed(self, running: bool) -> None:
+        self.running = running
+
+    # -------------------------------------------------------------- frames
+    def pull_frame(self) -> None:
+        frame: Frame | None = self.worker.take_frame()
+        if frame is None:
+            return
+        self.snapshot = frame.snapshot
+        self.pool.set_snapshot(frame.snapshot, frame.evicted)
+        self.requests.set_rows(frame.requests)
+        self.timeline.add_records(frame.records)
+        self.events.add_events(frame.events)
+        self._refresh_selection()
+        self._update_status(frame)
+
+    def _update_status(self, frame: Frame) -> None:
+        s = frame.snapshot
+        for r in frame.records:
+            self._token_window.append((r.start_s + r.wall_s, r.prefill_tokens + r.decode_tokens))
+        if self._token_window:
+            end = self._token_window[-1][0]
+            self._token_window = [(t, n) for t, n in self._token_window if t > end - 2.0]
+        tokens = sum(n for _, n in self._token_window)
+        span = (self._token_window[-1][0] - self._token_window[0][0]) if len(
+            self._token_window) > 1 else 0
+        rate = f"{tokens / span:.0f} tok/s" if span > 0 else "– tok/s"
+        device = self.engine.device.type if self.engine is not None else "?"
+        self.status.setText(
+            f"{self.model_name} · {device} · {s.num_active_blocks}/{s.num_blocks} used · "
+            f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · step {s.step} · "
+            f"hit {s.token_hit_rate:.0%} · {rate}" + (" · running" if self.running else ""))
+
+    # ----------------------------------------------------------- selection
+    def _refresh_selection(self) -> None:
+        rid = self.selection.request
+        self.requests.show_block_table(self.snapshot, rid)
+        blocks = None
+        if self.snapshot is not None and rid in self.snapshot.block_tables:
+            blocks = self.snapshot.block_tables[rid]
+        elif self.selection.block is not None:
+            blocks = [self.selection.block]
+        self.pool.highlight(blocks)
+
+    def _on_request_selected(self, rid) -> None:
+        self.requests.select(rid)
+        self._refresh_selection()
+
+    def _on_block_selected(self, block) -> None:
+        if block is not None and self.snapshot is not None:
+            self.details.show_text(f"Block {block}", self.pool.describe(block))
+            owners = [r for r, t in self.snapshot.block_tables.items() if block in t]
+            if owners:
+                self.selection.select_request(min(owners))
+                return
+        self._refresh_selection()
+
+    def _on_event_selected(self, event) -> None:
+        self.selection.select_step(event.step)
+        if event.request_id is not None:
+            self.selection.select_request(event.request_id)
+        if event.blocks:
+            self.pool.highlight(np.asarray(event.blocks))

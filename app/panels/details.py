@@ -1,0 +1,30 @@
+"""Details / Why it missed: the selected block or request explained in words."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
+
+HOW_TO_READ = (
+    "<b>How to read this window.</b> Each cell of the block pool is one physical KV block "
+    "(block_size token slots in every layer). Blue blocks hold one request's tokens, orange "
+    "blocks are shared by several requests (deeper orange = more owners), green blocks are "
+    "cached: no request holds them but their hash is kept, so a later prompt with the same "
+    "prefix reuses them (darker green = evicted sooner, in LRU order). Vermilion marks blocks "
+    "evicted in the step shown; an outline marks the selected request's blocks.")
+
+
+class DetailsPanel(QWidget):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.help = QLabel(HOW_TO_READ)
+        self.help.setWordWrap(True)
+        self.text = QTextBrowser()
+        self.text.setPlaceholderText("Select a request and press “Why did this miss?”, or "
+                                     "click a block")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.help)
+        layout.addWidget(self.text, 1)
+
+    def show_text(self, title: str, body: str) -> None:
+        self.text.setHtml(f"<h3>{title}</h3><p>{body}</p>")

@@ -1,0 +1,150 @@
+"""The block pool: every physical block a cell of one ImageItem over a uint8 display-code array.
+
+Selected blocks (the selected request's table, or a clicked block) get an outline drawn by one
+ScatterPlotItem of hollow squares: an outline, never a new fill colour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from kvscope.app import palette
+from kvscope.engine.snapshot import STATE_NAMES, Snapshot
+
+
+def grid_columns(num_blocks: int) -> int:
+    """Roughly square-ish grids that stay wide: 16 to 128 columns."""
+    return int(min(128, max(16, 2 ** round(np.log2(max(1.0, np.sqrt(num_blocks * 4)))))))
+
+
+class PoolView(QWidget):
+    block_clicked = Signal(object)  # block id
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.plot = pg.PlotWidget(background="w")
+        self.plot.setAspectLocked(True)
+        self.plot.hideAxis("left")
+        self.plot.hideAxis("bottom")
+        self.plot.invertY(True)
+        self.plot.setMenuEnabled(False)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setLookupTable(palette.make_lut())
+        self.image.setLevels([0, 255])
+        self.plot.addItem(self.image)
+        self.outline = pg.ScatterPlotItem(symbol="s", brush=None, pxMode=False, size=0.82,
+                                          pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
+        self.plot.addItem(self.outline)
+        self.hover_label = QLabel("hover a block for details")
+        self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.legend = QLabel(self._legend_html())
+        self.legend.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.legend)
+        layout.addWidget(self.hover_label)
+        self.snapshot: Snapshot | None = None
+        self.codes = np.zeros(0, dtype=np.uint8)
+        self.cols = 16
+        self.highlighted: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.auto_fit = True  # until the user zooms or pans
+        self.plot.plotItem.vb.sigRangeChangedManually.connect(self._on_manual_range)
+        self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.plot.scene().sigMouseClicked.connect(self._on_mouse_clicked)
+
+    @staticmethod
+    def _legend_html() -> str:
+        def sw(color, text, glyph="■"):
+            return f'<span style="color:{color}; font-size:large;">{glyph}</span>&nbsp;{text}' \
+                   "&nbsp;&nbsp;&nbsp;"
+        return "".join([sw("#aaaaaa", "free", "□"), sw(palette.ACTIVE_COLOR, "active"),
+                        sw(palette.SHARED_COLOR, "shared (deeper = more owners)"),
+                        sw(palette.CACHED_COLOR, "cached (darker = evicted sooner)"),
+                        sw(palette.EVICTED_COLOR, "evicted this step"),
+                        sw("#000000", "selected", "□")])
+
+    # ----------------------------------------------------------------- render
+    def set_snapshot(self, snap: Snapshot, evicted: np.ndarray | None = None) -> None:
+        resized = self.snapshot is None or snap.num_blocks != self.snapshot.num_blocks
+        self.snapshot = snap
+        self.cols = grid_columns(snap.num_blocks)
+        rows = -(-snap.num_blocks // self.cols)
+        grid = np.full(rows * self.cols, palette.CODE_PAD, dtype=np.uint8)
+        self.codes = palette.display_codes(snap, evicted)
+        grid[: snap.num_blocks] = self.codes
+        self.image.setImage(grid.reshape(rows, self.cols), autoLevels=False, levels=(0, 255))
+        if resized:
+            self.auto_fit = True
+        if self.auto_fit:
+            self.fit()
+        self._draw_outline()
+
+    def fit(self) -> None:
+        """Show the whole pool (double-click or a new pool size brings this back)."""
+        if self.snapshot is not None:
+            rows = -(-self.snapshot.num_blocks // self.cols)
+            self.plot.setRange(xRange=(0, self.cols), yRange=(0, rows), padding=0.02)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        if self.auto_fit:
+            self.fit()
+
+    def _on_manual_range(self, *_) -> None:
+        self.auto_fit = False
+
+    def highlight(self, blocks) -> None:
+        self.highlighted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
+        self._draw_outline()
+
+    def _draw_outline(self) -> None:
+        b = self.highlighted
+        self.outline.setData(x=(b % self.cols) + 0.5, y=(b // self.cols) + 0.5)
+
+    def cell_center(self, block: int) -> tuple[float, float]:
+        """Scene-independent: the view coordinates of a block's cell centre."""
+        return (block % self.cols) + 0.5, (block // self.cols) + 0.5
+
+    # --------------------------------------------------------------- interact
+    def block_at(self, scene_pos) -> int | None:
+        if self.snapshot is None:
+            return None
+        p = self.plot.plotItem.vb.mapSceneToView(scene_pos)
+        col, row = int(np.floor(p.x())), int(np.floor(p.y()))
+        block = row * self.cols + col
+        if 0 <= col < self.cols and row >= 0 and block < self.snapshot.num_blocks:
+            return block
+        return None
+
+    def describe(self, block: int) -> str:
+        s = self.snapshot
+        owners = [rid for rid, t in s.block_tables.items() if block in t]
+        text = (f"block {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
+        if owners:
+            rid = min(owners)
+            index = int(np.flatnonzero(s.block_tables[rid] == block)[0])
+            first = index * s.block_size
+            text += (" · owners " + " ".join(f"#{r}" for r in sorted(owners))
+                     + f" · tokens {first}–{first + s.block_size - 1} of #{rid}")
+        if s.block_hash[block]:
+            text += f" · hash {int(s.block_hash[block]):016x}"[:22] + "…"
+        if s.last_use[block] >= 0:
+            text += f" · last use s{s.last_use[block]}"
+        return text
+
+    def _on_mouse_moved(self, pos) -> None:
+        block = self.block_at(pos)
+        if block is not None:
+            self.hover_label.setText(self.describe(block))
+
+    def _on_mouse_clicked(self, event) -> None:
+        if event.double():
+            self.auto_fit = True
+            self.fit()
+            return
+        block = self.block_at(event.scenePos())
+        if block is not None:
+            self.block_clicked.emit(block)

@@ -1,0 +1,178 @@
+"""Requests: a table of every request; the selected one's block table and why it missed."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from kvscope.app import palette
+from kvscope.app.engine_worker import RequestRow
+from kvscope.engine.snapshot import Snapshot
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+COLUMNS = [
+    ("id", "Request id (samples of n > 1 show their parent)"),
+    ("state", "waiting, prefill (computing its prompt), decode, or finished: reason"),
+    ("prompt", "Prompt tokens"),
+    ("cached", "Prompt tokens served from the prefix cache when first admitted"),
+    ("output", "Output tokens generated so far"),
+    ("TTFT ms", "Time to first token: from arrival to the first output token"),
+    ("TPOT ms", "Time per output token after the first: (last - first) / (n - 1)"),
+    ("salt", "Cache salt (tenant): blocks are never shared across different salts"),
+]
+
+
+class RequestsModel(QAbstractTableModel):
+    def __init__(self):
+        super().__init__()
+        self.rows: list[RequestRow] = []
+
+    def set_rows(self, rows: list[RequestRow]) -> None:
+        if len(rows) == len(self.rows):
+            self.rows = rows
+            if rows:
+                self.dataChanged.emit(self.index(0, 0),
+                                      self.index(len(rows) - 1, len(COLUMNS) - 1))
+        else:
+            self.beginResetModel()
+            self.rows = rows
+            self.endResetModel()
+
+    def rowCount(self, parent=None):  # noqa: N802 - Qt API
+        return len(self.rows)
+
+    def columnCount(self, parent=None):  # noqa: N802
+        return len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):  # noqa: N802
+        if orientation == Qt.Horizontal:
+            if role == Qt.DisplayRole:
+                return COLUMNS[section][0]
+            if role == Qt.ToolTipRole:
+                return COLUMNS[section][1]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        r = self.rows[index.row()]
+        col = index.column()
+        if role == Qt.DisplayRole:
+            rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None
+                                        else "")
+            return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens,
+                    _ms(r.ttft_s), _ms(r.tpot_s), r.cache_salt or ""][col]
+        if role == Qt.ForegroundRole and col == 1 and r.state.startswith("finished: rej"):
+            return QColor(palette.EVICTED_COLOR)
+        if role == Qt.TextAlignmentRole and 2 <= col <= 6:
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        return None
+
+
+class RequestsPanel(QWidget):
+    request_selected = Signal(object)
+    cancel_requested = Signal(int)
+    explain_requested = Signal(int)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.model = RequestsModel()
+        self.table = QTableView()
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.setWordWrap(False)
+        self.table.selectionModel().selectionChanged.connect(self._on_selection)
+        self.cancel_button = QPushButton("Cancel request")
+        self.explain_button = QPushButton("Why did this miss?")
+        self.cancel_button.clicked.connect(lambda: self._emit_for_selected(self.cancel_requested))
+        self.explain_button.clicked.connect(
+            lambda: self._emit_for_selected(self.explain_requested))
+        self.block_table = QTextEdit()
+        self.block_table.setReadOnly(True)
+        self.block_table.setPlaceholderText("Select a request to see its block table")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.explain_button)
+        buttons.addStretch(1)
+        top = QWidget()
+        top_layout = QVBoxLayout(top)
+        top_layout.setContentsMargins(0, 0, 0, 0)
+        top_layout.addWidget(self.table)
+        top_layout.addLayout(buttons)
+        bottom = QWidget()
+        bottom_layout = QVBoxLayout(bottom)
+        bottom_layout.setContentsMargins(0, 0, 0, 0)
+        self.block_table_title = QLabel("Block table")
+        bottom_layout.addWidget(self.block_table_title)
+        bottom_layout.addWidget(self.block_table)
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(top)
+        split.addWidget(bottom)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(split)
+        self.selected: int | None = None
+
+    def set_rows(self, rows: list[RequestRow]) -> None:
+        self.model.set_rows(rows)
+        if self.selected is not None:
+            self._reselect()
+
+    def _reselect(self) -> None:
+        for i, r in enumerate(self.model.rows):
+            if r.request_id == self.selected:
+                if self.table.currentIndex().row() != i:
+                    self.table.blockSignals(True)
+                    self.table.selectRow(i)
+                    self.table.blockSignals(False)
+                return
+
+    def select(self, rid: int | None) -> None:
+        self.selected = rid
+        if rid is None:
+            self.table.clearSelection()
+        else:
+            self._reselect()
+
+    def _on_selection(self, *_):
+        rows = self.table.selectionModel().selectedRows()
+        rid = self.model.rows[rows[0].row()].request_id if rows else None
+        self.selected = rid
+        self.request_selected.emit(rid)
+
+    def _emit_for_selected(self, signal) -> None:
+        if self.selected is not None:
+            signal.emit(self.selected)
+
+    def show_block_table(self, snap: Snapshot | None, rid: int | None) -> None:
+        if snap is None or rid is None or rid not in snap.block_tables:
+            note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
+            self.block_table_title.setText("Block table")
+            self.block_table.setPlainText(note)
+            return
+        table = snap.block_tables[rid]
+        shared = snap.ref_count[table] >= 2
+        cells = [f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>" if s else f"{i}→{b}"
+                 for i, (b, s) in enumerate(zip(table.tolist(), shared.tolist(), strict=True))]
+        self.block_table_title.setText(
+            f"Block table of #{rid}: {len(table)} blocks, {int(shared.sum())} shared "
+            f"(logical → physical; shared in orange)")
+        self.block_table.setHtml(" ".join(cells))

@@ -1,0 +1,43 @@
+"""GUI tests drive the real window, offscreen, with the demo model in the worker thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PySide6.QtCore import QSettings
+
+from kvscope.app.main_window import MainWindow
+
+LOAD_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.IniFormat)
+    w = MainWindow(settings=settings)
+    qtbot.addWidget(w)
+    w.resize(1400, 900)
+    w.blocks_box.setValue(256)
+    w.show()
+    w.load_model("demo")
+    qtbot.waitUntil(lambda: w.engine is not None, timeout=LOAD_TIMEOUT_MS)
+    yield w
+    w.close()
+
+
+def step(window, qtbot, n: int = 1) -> None:
+    """Run n engine steps in the worker and wait until the GUI has pulled the last frame."""
+    target = window.engine.num_steps + n
+    for _ in range(n):
+        window.step_requested.emit()
+    qtbot.waitUntil(lambda: window.engine.num_steps >= target, timeout=20_000)
+    qtbot.waitUntil(lambda: window.snapshot is not None and window.snapshot.step == target - 1,
+                    timeout=5_000)

@@ -1,0 +1,131 @@
+"""The live inspector on the demo model: pixel checks of meaning on a real rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from conftest import step
+from pixels import cell_pixel, close, grab_pool, lut_rgb
+
+from kvscope.app import palette
+from kvscope.engine.config import SamplingParams
+from kvscope.engine.snapshot import CACHED, FREE, SHARED
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+SYSTEM = ("You are a careful assistant for people who learn Python. Answer in plain words and "
+          "give one short example. ") * 4
+GREEDY = SamplingParams(max_tokens=24)
+
+
+def submit_shared(window, qtbot, n=3):
+    for i in range(n):
+        window.submit_requested.emit(SYSTEM + f"Question {i}: what is a tuple?", GREEDY, None)
+    step(window, qtbot, 2)
+
+
+def test_shared_blocks_are_painted_shared_and_unused_blocks_free(window, qtbot):
+    submit_shared(window, qtbot)
+    snap = window.snapshot
+    shared = np.flatnonzero(snap.state == SHARED)
+    never_used = np.flatnonzero((snap.state == FREE) & (snap.last_use < 0))
+    assert len(shared) >= 5 and len(never_used) > 100
+    image = grab_pool(window.pool)
+    lut = window.pool.image.lut if window.pool.image.lut is not None else palette.make_lut()
+    codes = palette.display_codes(snap)
+    for b in shared:
+        got = cell_pixel(window.pool, image, int(b))
+        assert close(got, lut_rgb(int(codes[b]), lut)), (b, got)
+        assert got[0] > got[2] + 100  # orange, not blue or green
+    for b in never_used[:: max(1, len(never_used) // 40)]:
+        assert close(cell_pixel(window.pool, image, int(b)), (0xEE, 0xEE, 0xEE)), b
+
+
+def test_selecting_a_request_highlights_exactly_its_blocks(window, qtbot):
+    submit_shared(window, qtbot)
+    rid = 1
+    window.selection.select_request(rid)
+    qtbot.waitUntil(lambda: len(window.pool.highlighted) > 0)
+    table = window.snapshot.block_tables[rid]
+    assert sorted(window.pool.highlighted.tolist()) == sorted(table.tolist())
+    image = grab_pool(window.pool)
+    others = [b for b in range(window.snapshot.num_blocks) if b not in set(table.tolist())]
+    edge = 0.41  # the outline square is 0.82 of a cell wide
+    for b in table.tolist():
+        assert max(cell_pixel(window.pool, image, b, dx=edge)) < 60, b  # a dark outline
+    for b in others[:30]:
+        assert max(cell_pixel(window.pool, image, b, dx=edge)) > 60, b
+    # The requests table selected the same row, and the block table names the blocks.
+    assert window.requests.selected == rid
+    assert f"0→{table[0]}" in window.requests.block_table.toPlainText()
+
+
+def test_a_cancelled_request_gives_its_blocks_back(window, qtbot):
+    window.submit_requested.emit(SYSTEM + "Tell me about lists.", SamplingParams(max_tokens=200),
+                                 None)
+    step(window, qtbot, 3)
+    rid = 0
+    blocks = window.snapshot.block_tables[rid].tolist()
+    assert blocks
+    window.cancel_requested.emit(rid)
+    qtbot.waitUntil(lambda: rid not in window.worker.engine.manager.seqs, timeout=5000)
+    step(window, qtbot)  # the cancellation is reported and drawn
+    snap = window.snapshot
+    assert rid not in snap.block_tables
+    assert set(snap.state[blocks].tolist()) <= {FREE, CACHED}
+    image = grab_pool(window.pool)
+    lut = palette.make_lut()
+    codes = palette.display_codes(snap)
+    for b in blocks:
+        assert close(cell_pixel(window.pool, image, b), lut_rgb(int(codes[b]), lut)), b
+    assert any(r.request_id == rid and r.state == "finished: cancelled"
+               for r in window.requests.model.rows)
+
+
+def test_an_engine_error_shows_a_message_and_the_window_keeps_working(window, qtbot,
+                                                                      monkeypatch):
+    runner = window.worker.engine.runner
+    real_run = runner.run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(runner, "run", broken)
+    window.submit("Hello there", GREEDY, None)  # submits and runs
+    qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
+    assert "simulated kernel failure" in window.banner.label.text()
+    assert "Traceback" in window.banner.detail
+    # Still responsive: the selection works and, with the fault gone, the engine steps again.
+    window.selection.select_block(3)
+    assert "block 3" in window.details.text.toPlainText()
+    monkeypatch.setattr(runner, "run", real_run)
+    step(window, qtbot)
+    window.submit("Hello again", GREEDY, None)
+    qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
+                                window.requests.model.rows), timeout=20_000)
+
+
+def test_a_broken_model_folder_shows_an_error_and_keeps_the_old_model(window, qtbot, tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    old = window.engine
+    window.load_model(str(tmp_path))
+    qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
+    assert "config.json" in window.banner.label.text()
+    assert window.engine is old
+
+
+def test_main_window_screenshot(window, qtbot):
+    """Saved as a test artifact; with KVSCOPE_UPDATE_SCREENSHOTS=1 also as the README image."""
+    import os
+
+    submit_shared(window, qtbot, n=4)
+    step(window, qtbot, 6)
+    window.selection.select_request(2)
+    qtbot.wait(100)
+    ARTIFACTS.mkdir(exist_ok=True)
+    image = window.grab().toImage()
+    assert image.save(str(ARTIFACTS / "main_window.png"))
+    if os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
+        docs = Path(__file__).resolve().parents[2] / "docs"
+        docs.mkdir(exist_ok=True)
+        assert image.save(str(docs / "main_window.png"))
