@@ -1,0 +1,415 @@
+"""Open a recorded session read-only and replay any step. Torch-free.
+
+    with SessionReader("run.kvscope") as s:
+        s.meta.model_name, s.first_step, s.last_step
+        s.requests()                 # list[RecordedRequest]
+        s.steps()                    # list[StepRecord], as the engine produced them
+        s.snapshot_at(120)           # Snapshot, equal to the live engine's at the end of step 120
+        s.events_between(100, 120)   # list[Event] published by steps 100..120
+        for frame in s.playback(100, 200): ...   # (record, events, snapshot), incrementally
+
+The file is never modified: it is opened with ``mode=ro`` (a session still being written, or left
+by a killed recorder, is in WAL mode; SQLite reads its WAL without writing the database file).
+Problems raise a `SessionError` subclass naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import urllib.parse
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from kvscope.engine.events import Event
+from kvscope.engine.metrics import StepRecord
+from kvscope.engine.snapshot import Snapshot
+from kvscope.sessions import schema
+from kvscope.sessions.errors import (
+    CorruptSessionError,
+    MissingSessionError,
+    NewerSchemaError,
+    NotASessionError,
+    SessionError,
+    TruncatedSessionError,
+)
+from kvscope.sessions.replay import PoolReplay
+from kvscope.sessions.schema import TOTALS
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass
+class SessionMeta:
+    schema_version: int
+    kvscope_version: str
+    model_name: str | None
+    model_fingerprint: str | None
+    engine_config: dict
+    block_size: int
+    num_blocks: int
+    machine: dict
+    device: str
+    started_at: str
+    monotonic_t0: float  # the recording's time origin (time.monotonic of the recording process)
+    record_text: bool
+    keyframe_every: int
+    complete: bool  # closed cleanly; False for a session cut short (e.g. a killed process)
+    closed_at: str | None
+    recorder_stats: dict | None
+
+
+@dataclass
+class RecordedRequest:
+    request_id: int
+    parent_id: int | None
+    sample_index: int
+    arrival_s: float
+    salt_digest: str | None  # equal digests = equal salts, within this session only
+    prompt_tokens: int
+    cached_tokens: int | None
+    output_tokens: int | None
+    params: dict
+    status: str  # waiting | running | finished (what was known when the recording stopped)
+    finish_reason: str | None
+    error: str | None
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    finished_s: float | None
+    queue_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    num_preemptions: int | None
+    prompt_text: str | None
+    output_text: str | None
+
+
+@dataclass
+class Frame:
+    """One step of playback."""
+
+    record: StepRecord
+    events: list[Event]
+    snapshot: Snapshot
+
+
+class SessionReader:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._tmpdir = None
+        self._conn = self._open()
+        try:
+            self._load_index()
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise _db_error(self.path, e) from e
+        except BaseException:
+            self.close()
+            raise
+        self._cursor: PoolReplay | None = None
+
+    # ------------------------------------------------------------------ open
+    def _open(self) -> sqlite3.Connection:
+        p = self.path
+        if not p.is_file():
+            raise MissingSessionError(f"{p}: no such session file")
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            header = f.read(100)
+        wal = Path(f"{p}-wal")
+        has_wal = wal.is_file() and wal.stat().st_size > 0
+        if not header.startswith(SQLITE_MAGIC[:len(header)]) or (not header and not has_wal):
+            raise NotASessionError(f"{p}: not a kvscope session (not an SQLite database)")
+        if len(header) < 100:
+            raise TruncatedSessionError(f"{p}: truncated ({size} bytes, shorter than the "
+                                        "SQLite header)")
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        valid_for = int.from_bytes(header[92:96], "big")
+        change = int.from_bytes(header[24:28], "big")
+        if not has_wal and pages and valid_for == change and size < pages * page_size:
+            raise TruncatedSessionError(
+                f"{p}: truncated: {size} bytes, but its header says {pages} pages of "
+                f"{page_size} bytes ({pages * page_size} bytes)")
+        try:
+            conn = self._connect(p)
+        except sqlite3.OperationalError:
+            if not has_wal:
+                raise
+            conn = self._connect_copy(p)  # e.g. a read-only folder: SQLite cannot make -shm
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise _db_error(p, e) from e
+        if app_id != schema.APPLICATION_ID or "session" not in tables:
+            conn.close()
+            raise NotASessionError(f"{p}: not a kvscope session (an SQLite database without "
+                                   "kvscope's tables)")
+        missing = {"requests", "steps", "events", "keyframes"} - tables
+        if version > schema.SCHEMA_VERSION:
+            conn.close()
+            raise NewerSchemaError(f"{p}: written with session schema version {version}; this "
+                                   f"kvscope reads versions up to {schema.SCHEMA_VERSION} "
+                                   "(upgrade kvscope)")
+        if missing:
+            conn.close()
+            raise CorruptSessionError(f"{p}: damaged session: missing tables "
+                                      f"{', '.join(sorted(missing))}")
+        return conn
+
+    @staticmethod
+    def _connect(p: Path) -> sqlite3.Connection:
+        uri = "file:" + urllib.parse.quote(str(p.resolve())) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.execute("PRAGMA query_only = 1")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # fail now, not later
+        return conn
+
+    def _connect_copy(self, p: Path) -> sqlite3.Connection:
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="kvscope-session-")
+        copy = Path(self._tmpdir.name) / "session.kvscope"
+        shutil.copyfile(p, copy)
+        shutil.copyfile(f"{p}-wal", f"{copy}-wal")
+        return self._connect(copy)
+
+    def _load_index(self) -> None:
+        conn = self._conn
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM session WHERE id = 1").fetchone()
+        if row is None:
+            raise CorruptSessionError(f"{self.path}: damaged session: no metadata row")
+        if row["schema_version"] > schema.SCHEMA_VERSION:
+            raise NewerSchemaError(
+                f"{self.path}: written with session schema version {row['schema_version']}; "
+                f"this kvscope reads versions up to {schema.SCHEMA_VERSION} (upgrade kvscope)")
+        self.meta = SessionMeta(
+            schema_version=row["schema_version"], kvscope_version=row["kvscope_version"],
+            model_name=row["model_name"], model_fingerprint=row["model_fingerprint"],
+            engine_config=json.loads(row["engine_config"] or "{}"),
+            block_size=row["block_size"], num_blocks=row["num_blocks"],
+            machine=json.loads(row["machine"] or "{}"), device=row["device"],
+            started_at=row["started_at"], monotonic_t0=row["monotonic_t0"],
+            record_text=bool(row["record_text"]), keyframe_every=row["keyframe_every"],
+            complete=bool(row["complete"]), closed_at=row["closed_at"],
+            recorder_stats=json.loads(row["recorder_stats"]) if row["recorder_stats"] else None)
+        conn.row_factory = None
+        index = conn.execute(
+            "SELECT step, captured, first_event, num_events FROM steps ORDER BY step").fetchall()
+        self._steps = [r[0] for r in index]
+        self._captured = {r[0] for r in index if r[1]}
+        self._event_range = {r[0]: (r[2], r[3]) for r in index}
+        if self._steps and self._steps[-1] - self._steps[0] + 1 != len(self._steps):
+            raise CorruptSessionError(f"{self.path}: damaged session: steps are not contiguous")
+        self.keyframe_steps = [r[0] for r in conn.execute(
+            "SELECT step FROM keyframes ORDER BY step")]
+        self._step_columns = [r[1] for r in conn.execute("PRAGMA table_info(steps)")]
+
+    def close(self) -> None:
+        if getattr(self, "_conn", None) is not None:
+            self._conn.close()
+            self._conn = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __enter__(self) -> SessionReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- tables
+    @property
+    def num_steps(self) -> int:
+        return len(self._steps)
+
+    @property
+    def first_step(self) -> int | None:
+        return self._steps[0] if self._steps else None
+
+    @property
+    def last_step(self) -> int | None:
+        return self._steps[-1] if self._steps else None
+
+    @property
+    def step_numbers(self) -> range:
+        return range(self.first_step, self.last_step + 1) if self._steps else range(0)
+
+    def requests(self) -> list[RecordedRequest]:
+        names = [f.name for f in fields(RecordedRequest)]
+        rows = self._query(f"SELECT {', '.join(names)} FROM requests ORDER BY request_id")
+        out = []
+        for r in rows:
+            d = dict(zip(names, r, strict=True))
+            d["params"] = json.loads(d["params"] or "{}")
+            out.append(RecordedRequest(**d))
+        return out
+
+    def steps(self, first: int | None = None, last: int | None = None) -> list[StepRecord]:
+        """The engine's StepRecords (fields this kvscope does not know are ignored)."""
+        known = [f for f in fields(StepRecord) if f.name in self._step_columns]
+        lo = self.first_step if first is None else first
+        hi = self.last_step if last is None else last
+        if lo is None:
+            return []
+        rows = self._query(f"SELECT {', '.join(f.name for f in known)} FROM steps "
+                           "WHERE step BETWEEN ? AND ? ORDER BY step", (lo, hi))
+        bools = [f.name for f in known if str(f.type) == "bool"]
+        out = []
+        for r in rows:
+            d = dict(zip((f.name for f in known), r, strict=True))
+            for b in bools:
+                d[b] = bool(d[b])
+            out.append(StepRecord(**d))
+        return out
+
+    def step_table(self) -> tuple[list[str], list[tuple]]:
+        """Every column of the steps table except the internal ones: (names, rows)."""
+        cols = [c for c in self._step_columns if c not in ("nct", "captured", "first_event")]
+        return cols, self._query(f"SELECT {', '.join(cols)} FROM steps ORDER BY step")
+
+    def events_between(self, first: int, last: int) -> list[Event]:
+        """Events published by steps first..last (inclusive), in order. An event's own `step` is
+        the step the engine stamped on it (one step earlier for a cancel between steps)."""
+        rng = self._event_id_range(first, last)
+        if rng is None:
+            return []
+        rows = self._query("SELECT kind, event_step, request_id, blocks, hashes, time_ns, detail "
+                           "FROM events WHERE id >= ? AND id < ? ORDER BY id", rng)
+        return [_event(r) for r in rows]
+
+    def events_at(self, step: int) -> list[Event]:
+        return self.events_between(step, step)
+
+    def _event_id_range(self, first: int, last: int) -> tuple[int, int] | None:
+        if not self._steps:
+            return None
+        first, last = max(first, self.first_step), min(last, self.last_step)
+        if first > last:
+            return None
+        start, n = self._event_range[last]
+        return self._event_range[first][0], start + n
+
+    # ---------------------------------------------------------------- replay
+    def snapshot_at(self, step: int) -> Snapshot:
+        """The block state at the end of `step`, equal to the live engine's snapshot then."""
+        self._check_step(step)
+        k = bisect_right(self.keyframe_steps, step) - 1
+        if k < 0:
+            raise CorruptSessionError(f"{self.path}: damaged session: no keyframe at or before "
+                                      f"step {step}")
+        base = self.keyframe_steps[k]
+        cur = self._cursor
+        if cur is not None and base <= cur.step <= step:
+            if cur.step == step:
+                return cur.snapshot()
+        else:
+            kf = self._keyframe(base)
+            if base == step:
+                self._cursor = PoolReplay(kf)
+                return kf
+            cur = self._cursor = PoolReplay(kf)
+        self._advance(cur, step)
+        return cur.snapshot()
+
+    def _check_step(self, step: int) -> None:
+        if not self._steps or not self.first_step <= step <= self.last_step:
+            rng = f"{self.first_step}..{self.last_step}" if self._steps else "none"
+            raise IndexError(f"step {step} is not in this session (steps {rng})")
+        if step not in self._captured:
+            raise SessionError(f"step {step} was published without its block state (the "
+                               "recorder missed it); its neighbours replay normally")
+
+    def _keyframe(self, step: int) -> Snapshot:
+        conn = self._conn
+        conn.row_factory = sqlite3.Row
+        try:
+            row = conn.execute("SELECT * FROM keyframes WHERE step = ?", (step,)).fetchone()
+        except sqlite3.DatabaseError as e:
+            raise _db_error(self.path, e) from e
+        finally:
+            conn.row_factory = None
+        if row is None:
+            raise CorruptSessionError(f"{self.path}: damaged session: keyframe {step} missing")
+        try:
+            return schema.decode_keyframe(dict(row))
+        except Exception as e:  # noqa: BLE001 - zlib / numpy / json errors of a damaged row
+            raise CorruptSessionError(f"{self.path}: damaged keyframe at step {step}: {e}") \
+                from e
+
+    def _advance(self, cur: PoolReplay, step: int) -> None:
+        """Replay steps cur.step+1 .. step on the cursor."""
+        first = cur.step + 1
+        totals_cols = list(TOTALS.values())
+        rows = self._query(f"SELECT step, nct, captured, {', '.join(totals_cols)} FROM steps "
+                           "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
+        events = self.events_between(first, step)
+        lo = self._event_range[first][0]
+        nct = dict(cur.nct)
+        for s, blob, captured, *totals in rows:
+            start, n = self._event_range[s]
+            for e in events[start - lo:start - lo + n]:
+                cur.apply(e)
+            if not captured:
+                continue  # only the block events are known; the next keyframe resynchronises
+            schema.apply_nct_delta(nct, blob)
+            cur.end_step(s, dict(nct), dict(zip(TOTALS, totals, strict=True)))
+        cur.step = step
+
+    def playback(self, first: int | None = None, last: int | None = None) -> Iterator[Frame]:
+        """Frames for steps first..last, each built incrementally from the previous one."""
+        first = self.first_step if first is None else first
+        last = self.last_step if last is None else last
+        if not self._steps:
+            return
+        for rec in self.steps(first, last):
+            if rec.step in self._captured:
+                yield Frame(rec, self.events_at(rec.step), self.snapshot_at(rec.step))
+
+    __iter__ = playback
+
+    def verify(self) -> list[str]:
+        """Replay each keyframe's interval and compare with the next keyframe. Returns the
+        problems found (empty: the events reproduce every keyframe exactly)."""
+        problems = []
+        for a, b in zip(self.keyframe_steps, self.keyframe_steps[1:], strict=False):
+            cur = PoolReplay(self._keyframe(a))
+            try:
+                self._advance(cur, b)
+                if not cur.snapshot().equals(self._keyframe(b)):
+                    problems.append(f"steps {a}..{b}: replay differs from the keyframe at {b}")
+            except SessionError as e:
+                problems.append(f"steps {a}..{b}: {e}")
+        return problems
+
+    def _query(self, sql: str, args=()) -> list[tuple]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise _db_error(self.path, e) from e
+
+
+def _event(r) -> Event:
+    kind, step, rid, blocks, hashes, t, detail = r
+    return Event(kind, step, rid, schema.unpack_i32(blocks), t, schema.unpack_u64(hashes),
+                 detail or "")
+
+
+def _db_error(path: Path, e: sqlite3.DatabaseError) -> SessionError:
+    msg = str(e)
+    if "file is not a database" in msg:
+        return NotASessionError(f"{path}: not a kvscope session (not an SQLite database)")
+    if "malformed" in msg or "corrupt" in msg:
+        return CorruptSessionError(f"{path}: damaged session ({msg})")
+    return SessionError(f"{path}: cannot read the session ({msg})")

@@ -1,0 +1,584 @@
+"""Record an engine session to a SQLite file on a writer thread that the engine never waits on.
+
+Usage (from whichever thread drives the engine: a script, the CLI, the GUI's worker thread)::
+
+    rec = Recorder("run.kvscope", engine, record_text=False, keyframe_every=64)
+    rec.start()            # creates the file and hooks engine.step
+    ...                    # engine.step() / engine.generate() / a WorkloadRunner, as usual
+    rec.status()           # RecorderStatus: steps written, backlog, lagging, error (any thread)
+    rec.close()            # unhooks, flushes, finalises (on the engine's thread, engine idle)
+
+or ``with Recorder(path, engine) as rec: ...``.
+
+How the data gets out of the engine thread cheaply:
+
+- ``start()`` subscribes to the engine (one queue put per step) and wraps the engine instance's
+  ``step`` so that, right after each step, on the engine thread, `_after_step` takes the step's
+  update (record, events, outputs) plus what events do not carry: the computed-token count of
+  each live request and six running totals (tens of microseconds), the ids of new requests, and
+  every ``keyframe_every`` steps a *raw* copy of the pool (plain list copies: ~1 ms for 16k
+  blocks, ten times cheaper than ``engine.snapshot()``). It puts one item on an unbounded queue.
+- The writer thread turns raw copies into keyframe Snapshots (with the manager's own
+  ``snapshot`` code), encodes events and per-step deltas, and writes them in one transaction
+  every ``flush_interval_s`` (WAL mode, synchronous=NORMAL: a killed process loses at most the
+  last interval; the file always opens).
+- Nothing is ever dropped. If the writer falls behind (``lag_steps`` unwritten steps or a commit
+  older than ``lag_s``), ``status().lagging`` turns true, ``lag_episodes`` counts it and a
+  warning is logged; the engine keeps going and the backlog stays in memory.
+- Keyframes are spaced so their cost stays under ``keyframe_budget`` of the engine's step time
+  (``keyframe_every`` is the minimum spacing; a keyframe is also forced after
+  ``keyframe_max_events`` events, which bounds seeking).
+
+Replay exactness rests on every pool mutation emitting an event (see replay.py), so recording
+needs ``EngineConfig(record_events=True)`` (the default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import hmac
+import itertools
+import json
+import logging
+import os
+import platform
+import queue
+import secrets
+import sqlite3
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import sqlite_utils
+
+from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.sessions import schema
+from kvscope.sessions.schema import TOTALS
+
+log = logging.getLogger("kvscope.sessions")
+
+_STOP = object()
+
+
+@dataclass
+class RecorderStatus:
+    """What the GUI shows about a recording. Safe to read from any thread."""
+
+    path: str
+    recording: bool  # started and not closed
+    steps_captured: int  # steps handed to the writer
+    steps_written: int  # steps committed to the file
+    events_written: int
+    keyframes_written: int
+    backlog_steps: int  # captured, not yet committed
+    max_backlog_steps: int
+    lagging: bool  # the writer is behind (see Recorder docs); nothing is dropped
+    lag_episodes: int
+    last_commit_age_s: float | None  # seconds since the last commit
+    error: str | None  # the writer failed: recording stopped (the file holds what was committed)
+
+
+@dataclass
+class _RequestInfo:
+    request_id: int
+    parent_id: int | None
+    sample_index: int
+    arrival_s: float
+    prompt_tokens: int
+    cache_salt: str | None
+    params: dict
+    prompt_ids: list[int] | None  # only with record_text
+
+
+@dataclass
+class _Capture:
+    updates: list  # StepUpdate, oldest first; only the last one is "captured" in full
+    nct: dict[int, int]
+    totals: tuple[int, ...]
+    new_requests: list[_RequestInfo]
+    raw: SimpleNamespace | None  # a raw pool copy for a keyframe
+    taken_s: float
+
+
+class Recorder:
+    def __init__(self, path: str | os.PathLike, engine, *, record_text: bool = False,
+                 keyframe_every: int = 64, keyframe_max_events: int = 20_000,
+                 keyframe_budget: float = 0.01, flush_interval_s: float = 0.25,
+                 lag_steps: int = 10_000, lag_s: float = 5.0, overwrite: bool = False):
+        if keyframe_every < 1:
+            raise ValueError("keyframe_every must be >= 1")
+        self.path = Path(path)
+        self.engine = engine
+        self.record_text = record_text
+        self.keyframe_every = keyframe_every
+        self.keyframe_max_events = keyframe_max_events
+        self.keyframe_budget = keyframe_budget
+        self.flush_interval_s = flush_interval_s
+        self.lag_steps = lag_steps
+        self.lag_s = lag_s
+        self.overwrite = overwrite
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._sub = None
+        self._wrapper = None
+        self._prev_step = None
+        self._started = self._closed = False
+        self._salt_key = secrets.token_bytes(32)  # never stored: digests only group salts
+        # engine-thread state
+        self._next_rid = 0
+        self._num_seen = 0
+        self._steps_since_kf = 0
+        self._events_since_kf = 0
+        self._force_kf = True
+        self._kf_copy_s = 0.0
+        self._step_s_ema = 0.0
+        # counters shared with the writer (plain ints: read anywhere, each written by one thread)
+        self._captured = 0
+        self._written = 0
+        self._events_written = 0
+        self._keyframes_written = 0
+        self._max_backlog = 0
+        self._lagging = False
+        self._lag_episodes = 0
+        self._last_commit = None
+        self._error: str | None = None
+
+    # ---------------------------------------------------------------- control
+    def __enter__(self) -> Recorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> Recorder:
+        if self._started:
+            raise RuntimeError("the recorder was already started")
+        cfg = getattr(self.engine, "config", None)
+        if cfg is not None and not getattr(cfg, "record_events", True):
+            raise ValueError("recording needs EngineConfig(record_events=True): replaying the "
+                             "block pool is driven by the engine's events")
+        if self.path.exists():
+            if not self.overwrite:
+                raise FileExistsError(f"{self.path} exists (pass overwrite=True to replace it)")
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{self.path}{suffix}")
+        self._t0 = time.monotonic()
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        db = sqlite_utils.Database(conn)
+        conn.execute("BEGIN")
+        schema.create_tables(db, schema.step_record_columns())
+        conn.execute(*_insert("session", self._session_row()))
+        conn.execute("COMMIT")
+        self._conn = conn
+        self._step_cols = ["step", *[c for c in schema.step_record_columns() if c != "step"]]
+        self._started = True
+        self._sub = self.engine.subscribe()
+        self._pending_requests = self._new_requests()  # queued before the recording started
+        self._thread = threading.Thread(target=self._writer, name="kvscope-recorder",
+                                        daemon=True)
+        self._thread.start()
+        self._hook()
+        return self
+
+    def close(self) -> RecorderStatus:
+        """Stop recording, write everything captured, finalise the file. Call it from the thread
+        that drives the engine (or while the engine is idle). Idempotent."""
+        if not self._started or self._closed:
+            return self.status()
+        self._closed = True
+        self._unhook()
+        self._sub_drain_tail()
+        self._queue.put(_STOP)
+        self._thread.join()
+        self.engine.unsubscribe(self._sub)
+        if self._error is None:
+            try:
+                self._finalise()
+            except Exception as e:  # noqa: BLE001 - report, never raise into the caller's loop
+                self._fail(e)
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        return self.status()
+
+    def status(self) -> RecorderStatus:
+        backlog = self._captured - self._written
+        age = None if self._last_commit is None else time.monotonic() - self._last_commit
+        return RecorderStatus(str(self.path), self._started and not self._closed,
+                              self._captured, self._written, self._events_written,
+                              self._keyframes_written, backlog, self._max_backlog,
+                              self._lagging, self._lag_episodes, age, self._error)
+
+    # ------------------------------------------------------------ engine hook
+    def _hook(self) -> None:
+        """Wrap this engine instance's step (engine.generate and any driver go through it)."""
+        engine = self.engine
+        self._prev_step = engine.__dict__.get("step")
+        inner = engine.step
+
+        def step(*args, **kwargs):
+            try:
+                outputs = inner(*args, **kwargs)
+            except BaseException:
+                self._force_kf = True  # the state may have moved without a published step
+                raise
+            if not self._closed:
+                self._after_step()
+            return outputs
+
+        self._wrapper = step
+        engine.step = step
+
+    def _unhook(self) -> None:
+        engine = self.engine
+        if engine.__dict__.get("step") is self._wrapper:
+            if self._prev_step is None:
+                del engine.step
+            else:
+                engine.step = self._prev_step
+        # else: someone wrapped on top of us; our wrapper stays as a pass-through (closed)
+
+    def _sub_drain_tail(self) -> None:
+        """Steps that ran after the last capture (none when every step went through the hook)."""
+        if self._error is None and self._sub is not None:
+            self._after_step()
+
+    # --------------------------------------------------- engine thread: capture
+    def _after_step(self) -> None:
+        if self._error is not None:
+            self._sub.drain()
+            return
+        try:
+            self._capture()
+        except Exception as e:  # noqa: BLE001 - the engine must never fail because of us
+            self._fail(e)
+
+    def _capture(self) -> None:
+        updates = self._sub.drain()
+        if not updates:
+            return
+        engine = self.engine
+        mgr = engine.manager
+        new, self._pending_requests = self._pending_requests + self._new_requests(), []
+        nct = {r: s.num_computed for r, s in mgr.seqs.items()}
+        totals = (mgr.hit_tokens, mgr.query_tokens, mgr.num_requests_queried,
+                  mgr.num_requests_hit, mgr.pool.num_evicted, mgr.num_cow_copies)
+        num_events = sum(len(u.events) for u in updates)
+        wall = updates[-1].record.wall_s
+        self._step_s_ema = wall if not self._step_s_ema else 0.9 * self._step_s_ema + 0.1 * wall
+        self._steps_since_kf += len(updates)
+        self._events_since_kf += num_events
+        raw = None
+        if self._force_kf or len(updates) > 1 or self._keyframe_due():
+            t = time.perf_counter()
+            raw = _raw_pool(mgr)
+            self._kf_copy_s = time.perf_counter() - t
+            self._steps_since_kf = self._events_since_kf = 0
+            self._force_kf = False
+        self._queue.put(_Capture(updates, nct, totals, new, raw, time.monotonic()))
+        self._captured += len(updates)
+        backlog = self._captured - self._written
+        self._max_backlog = max(self._max_backlog, backlog)
+        if backlog > self.lag_steps and not self._lagging:
+            self._set_lagging(f"{backlog} steps not yet written")
+
+    def _keyframe_due(self) -> bool:
+        if self._events_since_kf >= self.keyframe_max_events:
+            return True
+        if self._steps_since_kf < self.keyframe_every:
+            return False
+        # Keep the engine-side copy under keyframe_budget of the step time.
+        budget = self.keyframe_budget * self._step_s_ema * self._steps_since_kf
+        return self._kf_copy_s <= budget
+
+    def _new_requests(self) -> list[_RequestInfo]:
+        reqs = self.engine.requests
+        buf = []
+        while self._num_seen < len(reqs):
+            r = reqs.get(self._next_rid)
+            if r is None:  # ids are not consecutive: fall back to insertion order
+                for r in itertools.islice(reqs.values(), self._num_seen, None):
+                    buf.append(self._request_info(r))
+                    self._next_rid = max(self._next_rid, r.request_id + 1)
+                self._num_seen = len(reqs)
+                break
+            buf.append(self._request_info(r))
+            self._num_seen += 1
+            self._next_rid += 1
+        return buf
+
+    def _request_info(self, r) -> _RequestInfo:
+        p = r.params
+        params = dict(max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
+                      top_p=p.top_p, n=p.n, ignore_eos=p.ignore_eos, seed=p.seed,
+                      num_stop=len(p.stop))
+        return _RequestInfo(r.request_id, r.parent_id, r.sample_index, r.metrics.arrival_s,
+                            len(r.prompt_token_ids), r.cache_salt, params,
+                            list(r.prompt_token_ids) if self.record_text else None)
+
+    def _set_lagging(self, why: str) -> None:
+        self._lagging = True
+        self._lag_episodes += 1
+        log.warning("kvscope recorder is falling behind (%s); nothing is dropped, the backlog "
+                    "is kept in memory", why)
+
+    def _fail(self, e: BaseException) -> None:
+        if self._error is None:
+            self._error = f"{type(e).__name__}: {e}"
+            log.error("kvscope recorder stopped: %s (the file keeps every committed step)",
+                      self._error, exc_info=e)
+
+    # ------------------------------------------------------- writer thread
+    def _writer(self) -> None:
+        batch: list = []
+        deadline = time.monotonic() + self.flush_interval_s
+        stop = False
+        state = _WriterState()
+        while not stop:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            now = time.monotonic()
+            if now >= deadline or stop:
+                if batch and self._error is None:
+                    try:
+                        self._write(batch, state)
+                    except Exception as e:  # noqa: BLE001
+                        self._fail(e)
+                        with contextlib.suppress(Exception):
+                            self._conn.execute("ROLLBACK")
+                batch = []
+                deadline = time.monotonic() + self.flush_interval_s
+                self._check_lag()
+
+    def _check_lag(self) -> None:
+        backlog = self._captured - self._written
+        age = 0.0 if self._last_commit is None else time.monotonic() - self._last_commit
+        if not self._lagging and (backlog > self.lag_steps or (backlog and age > self.lag_s)):
+            self._set_lagging(f"{backlog} steps not yet written, last commit {age:.1f} s ago")
+        elif self._lagging and backlog <= self.lag_steps // 2 and age <= self.lag_s:
+            self._lagging = False
+            log.info("kvscope recorder caught up")
+
+    def _write(self, batch: list[_Capture], st: _WriterState) -> None:
+        req_rows, fin_rows, step_rows, event_rows, kf_rows = [], [], [], [], []
+        for cap in batch:
+            for info in cap.new_requests:
+                req_rows.append(self._request_row(info))
+            last = len(cap.updates) - 1
+            for i, u in enumerate(cap.updates):
+                rec = u.record
+                first_event = st.next_event
+                for e in u.events:
+                    event_rows.append((st.next_event, rec.step, e.step, e.kind, e.request_id,
+                                       schema.pack_i32(e.blocks), schema.pack_u64(e.hashes),
+                                       e.time_ns, e.detail or None))
+                    st.next_event += 1
+                for o in u.outputs:
+                    if o.finished:
+                        fin_rows.append(self._finished_row(o))
+                row = [getattr(rec, c) for c in self._step_cols]
+                if i == last:
+                    row += list(cap.totals)
+                    row.append(schema.encode_nct_delta(st.nct, cap.nct))
+                    st.nct = cap.nct
+                else:
+                    row += [None] * (len(TOTALS) + 1)
+                row += [first_event, st.next_event - first_event, int(i == last)]
+                step_rows.append(row)
+            if cap.raw is not None:
+                snap = KVCacheManager.snapshot(cap.raw)  # the manager's own code, on a copy
+                kf_rows.append(schema.encode_keyframe(snap))
+        conn = self._conn
+        conn.execute("BEGIN")
+        if req_rows:
+            conn.executemany(*_insert_many("requests", req_rows))
+        for row in fin_rows:
+            sets = ", ".join(f"{k} = ?" for k in row if k != "request_id")
+            conn.execute(f"UPDATE requests SET {sets} WHERE request_id = ?",
+                         [v for k, v in row.items() if k != "request_id"] + [row["request_id"]])
+        if step_rows:
+            cols = self._step_cols + list(TOTALS.values()) + ["nct", "first_event",
+                                                              "num_events", "captured"]
+            conn.executemany(f"INSERT INTO steps ({', '.join(cols)}) VALUES "
+                             f"({', '.join('?' * len(cols))})", step_rows)
+        if event_rows:
+            conn.executemany("INSERT INTO events (id, step, event_step, kind, request_id, "
+                             "blocks, hashes, time_ns, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             event_rows)
+        for row in kf_rows:
+            conn.execute(*_insert("keyframes", row))
+        conn.execute("COMMIT")
+        self._last_commit = time.monotonic()
+        self._written += len(step_rows)
+        self._events_written += len(event_rows)
+        self._keyframes_written += len(kf_rows)
+
+    def _salt_digest(self, salt: str | None) -> str | None:
+        if salt is None:
+            return None
+        return hmac.new(self._salt_key, salt.encode(), hashlib.sha256).hexdigest()[:16]
+
+    def _request_row(self, info: _RequestInfo) -> dict:
+        text = None
+        if info.prompt_ids is not None:
+            tok = getattr(self.engine, "tokenizer", None)
+            text = tok.decode(info.prompt_ids) if tok is not None else None
+        return dict(request_id=info.request_id, parent_id=info.parent_id,
+                    sample_index=info.sample_index, arrival_s=info.arrival_s,
+                    salt_digest=self._salt_digest(info.cache_salt),
+                    prompt_tokens=info.prompt_tokens, params=json.dumps(info.params),
+                    status="waiting" if info.parent_id is None else "running",
+                    prompt_text=text)
+
+    def _finished_row(self, o) -> dict:
+        row = _metrics_row(o.metrics)
+        row.update(request_id=o.request_id, status="finished", finish_reason=o.finish_reason,
+                   error=o.error, cached_tokens=o.num_cached_tokens,
+                   output_tokens=len(o.token_ids))
+        if self.record_text:
+            row["output_text"] = o.text
+        return row
+
+    # ------------------------------------------------------------- finalise
+    def _finalise(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN")
+        for r in self.engine.requests.values():
+            if r.finished:
+                continue
+            row = _metrics_row(r.metrics)
+            row.update(status=r.status.value, cached_tokens=r.metrics.cached_tokens,
+                       output_tokens=len(r.output_token_ids))
+            if self.record_text:
+                row["output_text"] = r.text
+            sets = ", ".join(f"{k} = ?" for k in row)
+            conn.execute(f"UPDATE requests SET {sets} WHERE request_id = ?",
+                         [*row.values(), r.request_id])
+        stats = dataclasses.asdict(self.status())
+        stats.pop("path")
+        conn.execute("UPDATE session SET closed_at = ?, complete = 1, num_steps = ?, "
+                     "num_events = ?, recorder_stats = ? WHERE id = 1",
+                     (_now_iso(), self._written, self._events_written, json.dumps(stats)))
+        conn.execute("COMMIT")
+        # A plain rollback-journal file to share; if a reader holds it open, it stays WAL.
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA journal_mode = DELETE")
+        except sqlite3.OperationalError as e:
+            log.info("session left in WAL mode: %s", e)
+
+    def _session_row(self) -> dict:
+        engine = self.engine
+        loaded = getattr(engine, "loaded", None)
+        cfg = getattr(engine, "config", None)
+        config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
+        mgr = engine.manager
+        return dict(id=1, schema_version=schema.SCHEMA_VERSION, kvscope_version=_version(),
+                    created_by="kvscope.sessions.Recorder",
+                    model_name=getattr(loaded, "name", None),
+                    model_fingerprint=getattr(loaded, "fingerprint", None),
+                    engine_config=json.dumps(config, default=str),
+                    block_size=mgr.block_size, num_blocks=mgr.pool.num_blocks,
+                    machine=json.dumps(_machine()), device=_device(engine),
+                    started_at=_now_iso(), started_unix=time.time(), monotonic_t0=self._t0,
+                    record_text=int(self.record_text), keyframe_every=self.keyframe_every,
+                    complete=0, num_steps=0, num_events=0)
+
+
+@dataclass
+class _WriterState:
+    next_event: int = 0
+    nct: dict = dataclasses.field(default_factory=dict)
+
+
+def _raw_pool(mgr) -> SimpleNamespace:
+    """Plain copies of what KVCacheManager.snapshot reads: cheap on the engine thread."""
+    pool = mgr.pool
+    raw_pool = SimpleNamespace(num_blocks=pool.num_blocks, ref_count=pool.ref_count[:],
+                               block_hash=pool.block_hash[:], last_use=pool.last_use[:],
+                               free_queue=list(pool.free_queue), num_evicted=pool.num_evicted)
+    seqs = {r: SimpleNamespace(table=s.table[:], num_computed=s.num_computed)
+            for r, s in mgr.seqs.items()}
+    return SimpleNamespace(pool=raw_pool, seqs=seqs, block_size=mgr.block_size, step=mgr.step,
+                           hit_tokens=mgr.hit_tokens, query_tokens=mgr.query_tokens,
+                           num_requests_queried=mgr.num_requests_queried,
+                           num_requests_hit=mgr.num_requests_hit,
+                           num_cow_copies=mgr.num_cow_copies)
+
+
+def _metrics_row(m) -> dict:
+    return dict(arrival_s=m.arrival_s, first_scheduled_s=m.first_scheduled_s,
+                first_token_s=m.first_token_s, finished_s=m.finished_s, queue_s=m.queue_s,
+                ttft_s=m.ttft_s, tpot_s=m.tpot_s, e2e_s=m.e2e_s,
+                num_preemptions=m.num_preemptions)
+
+
+def _insert(table: str, row: dict) -> tuple[str, list]:
+    return (f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            list(row.values()))
+
+
+def _insert_many(table: str, rows: list[dict]) -> tuple[str, list]:
+    cols = list(rows[0])
+    return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+            [[r[c] for c in cols] for r in rows])
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kvscope")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+def _machine() -> dict:
+    info = dict(platform=platform.platform(), machine=platform.machine(),
+                processor=platform.processor(), cpu_count=os.cpu_count(),
+                python=platform.python_version(), sqlite=sqlite3.sqlite_version)
+    for mod in ("numpy", "torch", "triton", "transformers"):
+        m = sys.modules.get(mod)  # versions of what is loaded; never imports torch
+        if m is not None:
+            info[mod] = getattr(m, "__version__", "?")
+    with contextlib.suppress(Exception):
+        import psutil
+
+        info["memory_bytes"] = psutil.virtual_memory().total
+    return info
+
+
+def _device(engine) -> str:
+    device = getattr(engine, "device", None)
+    text = str(device) if device is not None else "cpu"
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(device, "type", None) == "cuda":
+        with contextlib.suppress(Exception):
+            text += f" ({torch.cuda.get_device_name(device)})"
+    return text

@@ -1,0 +1,153 @@
+"""Rebuild the block pool between keyframes by replaying the recorded block events. Torch-free.
+
+`PoolReplay` mirrors `BlockPool` + the per-request block tables of `KVCacheManager`, driven only
+by events: every pool mutation emits one (allocate -> ALLOCATED after EVICTED, take -> CACHE_HIT
+or FORKED, release -> FREED or the source of a COW, cache -> CACHED, reset -> RESET), and the
+event says which blocks, in which order, at which step. From them the mirror keeps ref counts,
+short hashes, last-use steps, the free queue in LRU order (head pops, tail appends, unhashed
+releases to the head, hits removed from the middle) and the block tables. What events do not
+carry (the computed-token counts and the manager's running totals) is recorded per step and set
+with `end_step`. Any disagreement with the pool's own rules raises `ReplayError` rather than
+returning a wrong snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from kvscope.engine import events as ev
+from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, Snapshot
+from kvscope.sessions.errors import ReplayError
+
+
+class PoolReplay:
+    def __init__(self, keyframe: Snapshot):
+        s = keyframe
+        self.block_size = s.block_size
+        self.num_blocks = s.num_blocks
+        self.step = s.step
+        self.ref = s.ref_count.tolist()
+        hashed = (s.state == CACHED) | (s.block_hash != 0)
+        self.hash = np.where(hashed, s.block_hash, 0).tolist()
+        self.last_use = s.last_use.tolist()
+        queued = np.flatnonzero(s.lru_rank >= 0)
+        order = queued[np.argsort(s.lru_rank[queued], kind="stable")]
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(order.tolist())
+        self.tables: dict[int, list[int]] = {r: t.tolist() for r, t in s.block_tables.items()}
+        self.nct = dict(s.num_computed_tokens)
+        self.totals = {k: getattr(s, k) for k in ("hit_tokens", "query_tokens",
+                                                  "num_requests_queried", "num_requests_hit",
+                                                  "num_evicted_blocks", "num_cow_copies")}
+
+    # ------------------------------------------------------------- pool rules
+    def _take(self, blocks, step: int) -> None:
+        ref, queue, last = self.ref, self.queue, self.last_use
+        for b in blocks:
+            if ref[b] == 0:
+                try:
+                    del queue[b]
+                except KeyError:
+                    raise ReplayError(f"step {step}: block {b} taken but not in the free queue") \
+                        from None
+            ref[b] += 1
+            last[b] = step
+
+    def _release(self, blocks, step: int) -> None:
+        ref, queue, last, hashes = self.ref, self.queue, self.last_use, self.hash
+        for b in blocks:
+            if ref[b] <= 0:
+                raise ReplayError(f"step {step}: block {b} released with ref count {ref[b]}")
+            ref[b] -= 1
+            last[b] = step
+            if ref[b] == 0:
+                queue[b] = None
+                if not hashes[b]:
+                    queue.move_to_end(b, last=False)
+
+    def apply(self, e: ev.Event) -> None:
+        """Apply one event (request events change nothing in the pool)."""
+        kind, st, rid, blocks = e.kind, e.step, e.request_id, e.blocks
+        if kind == ev.ALLOCATED:
+            queue, ref, last = self.queue, self.ref, self.last_use
+            for b in blocks:
+                head = next(iter(queue), None)
+                if head != b:
+                    raise ReplayError(f"step {st}: block {b} allocated, but the head of the free "
+                                      f"queue is {head}")
+                queue.popitem(last=False)
+                ref[b] = 1
+                last[b] = st
+            self.tables.setdefault(rid, []).extend(blocks)
+        elif kind == ev.EVICTED:
+            for b in blocks:
+                self.hash[b] = 0
+        elif kind == ev.CACHED:
+            for b, h in zip(blocks, e.hashes, strict=True):
+                self.hash[b] = h
+        elif kind in (ev.CACHE_HIT, ev.FORKED):  # a prefix hit, or a child sharing its parent's
+            self._take(blocks, st)
+            self.tables[rid] = list(blocks)
+        elif kind == ev.FREED:
+            self._release(blocks, st)
+            self.tables.pop(rid, None)
+        elif kind == ev.COW:
+            src, dst = blocks
+            self._release((src,), st)
+            table = self.tables.get(rid)
+            if not table or table[-1] != dst or src not in table:
+                raise ReplayError(f"step {st}: copy-on-write {src}->{dst} of request {rid} does "
+                                  "not match its block table")
+            table.pop()  # the copy was allocated (ALLOCATED) just before, not appended
+            table[table.index(src)] = dst
+        elif kind == ev.RESET:
+            for b in blocks:
+                self.hash[b] = 0
+            for b in reversed(blocks):
+                if self.ref[b] == 0:
+                    self.queue.move_to_end(b, last=False)
+
+    def end_step(self, step: int, nct: dict[int, int], totals: dict[str, int]) -> None:
+        """Close a step: the live requests are those with computed-token counts."""
+        self.step = step
+        self.nct = nct
+        self.totals = totals
+        tables = self.tables
+        if tables.keys() != nct.keys():
+            for r in [r for r in tables if r not in nct]:
+                if tables[r]:
+                    raise ReplayError(f"step {step}: request {r} holds blocks {tables[r]} but "
+                                      "is not live")
+                del tables[r]
+            for r in nct:
+                tables.setdefault(r, [])
+
+    # ---------------------------------------------------------------- output
+    def snapshot(self) -> Snapshot:
+        n = self.num_blocks
+        ref = np.array(self.ref, dtype=np.int32)
+        block_hash = np.array(self.hash, dtype=np.uint64)
+        hashed = block_hash != 0
+        state = np.full(n, FREE, dtype=np.uint8)
+        state[hashed] = CACHED
+        state[ref >= 1] = ACTIVE
+        state[ref >= 2] = SHARED
+        lru_rank = np.full(n, -1, dtype=np.int32)
+        lru_rank[np.fromiter(self.queue, dtype=np.int64, count=len(self.queue))] = \
+            np.arange(len(self.queue), dtype=np.int32)
+        owner = np.full(n, -1, dtype=np.int64)
+        for rid in sorted(self.tables, reverse=True):  # the lowest id ends up as the owner
+            owner[self.tables[rid]] = rid
+        num_active = int((ref >= 1).sum())
+        num_cached = int((hashed & (ref == 0)).sum())
+        return Snapshot(
+            step=self.step, block_size=self.block_size, state=state, ref_count=ref, owner=owner,
+            block_hash=block_hash, last_use=np.array(self.last_use, dtype=np.int64),
+            lru_rank=lru_rank,
+            block_tables={r: np.array(t, dtype=np.int32) for r, t in self.tables.items()},
+            num_computed_tokens=dict(self.nct),
+            num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
+            num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
+            **self.totals,
+        )
