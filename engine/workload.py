@@ -1,0 +1,524 @@
+"""Workload files, and a runner that feeds one to an engine. Torch-free: the runner only talks to
+the engine object it is given.
+
+A workload is a JSON Lines file: one JSON object per line. Blank lines and lines whose first
+non-blank character is ``#`` are skipped. A line is either a shared-prefix definition::
+
+    {"define_prefix": "system", "text": "You are a careful assistant. ..."}
+
+or a request::
+
+    {"arrival_s": 0.5, "prefix": "system", "prompt": "User: what is a list?\\nAssistant:",
+     "max_tokens": 32, "temperature": 0.0, "cache_salt": "tenant-a", "id": "q1"}
+
+Request keys (only ``prompt`` or ``prompt_ids`` is required):
+
+- ``arrival_s`` (number >= 0, default 0): when to submit, in seconds from the start of the run.
+  Lines need not be sorted; ties keep file order.
+- ``prompt`` (text) or ``prompt_ids`` (a list of token ids), exactly one of them. Text is encoded
+  with the model's tokenizer (which adds its BOS token, if any).
+- ``prefix``: the name of a prefix defined on an earlier line. The prompt becomes the prefix's
+  text followed by the prompt (text + text is joined before encoding; with ``prompt_ids`` the
+  encoded prefix is followed by the ids).
+- sampling: ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``n``, ``stop`` (a
+  string or a list of strings), ``ignore_eos``; defaults are ``SamplingParams``'s.
+- ``cache_salt`` (string): the tenant / trust domain; prefixes are never shared across salts.
+- ``id`` (string or integer): a name other lines can refer to; unique in the file.
+- ``follows``: the ``id`` of an earlier line. This request is submitted only once that one has
+  finished (and its own ``arrival_s`` has passed), and its prompt is that request's prompt token
+  ids + its generated token ids + this line's prompt (encoded without a BOS token): a chat turn
+  that resends its history, so the full blocks of the previous prompt and answer are reused. With
+  ``n`` > 1 on the earlier line, the first sample is the history. It cannot be combined with
+  ``prefix`` (the history already starts with it), and if the earlier request was rejected or
+  cancelled this one is skipped.
+
+Errors name the file and line: ``WorkloadError("chat.jsonl:7: unknown key 'promt'")``.
+
+`WorkloadRunner(engine, workload).run()` submits each request when its arrival time has come
+(sleeping while the engine is idle and the next arrival is in the future), handles ``follows``,
+steps the engine until everything has finished and reports progress as ``on_progress(done,
+total)`` over workload request lines. `summarize(engine, result)` turns the run into the numbers
+the CLI prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+
+from kvscope.engine.config import SamplingParams
+from kvscope.engine.outputs import RequestOutput
+
+SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
+REQUEST_KEYS = ("arrival_s", "prompt", "prompt_ids", "prefix", "cache_salt", "id", "follows",
+                *SAMPLING_KEYS)
+PREFIX_KEYS = ("define_prefix", "text")
+NORMAL_FINISHES = ("stop", "eos", "length")
+
+
+class WorkloadError(ValueError):
+    """A workload file or line is invalid; the message names the file and line."""
+
+
+@dataclass
+class WorkloadRequest:
+    line: int  # 1-based line number in the file
+    params: SamplingParams
+    arrival_s: float = 0.0
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    prefix: str | None = None  # the prefix's name
+    prefix_text: str = ""  # the prefix's text ("" without a prefix)
+    cache_salt: str | None = None
+    id: str | None = None
+    follows: str | None = None
+
+    @property
+    def needs_tokenizer(self) -> bool:
+        return self.prompt is not None or bool(self.prefix_text)
+
+
+@dataclass
+class Workload:
+    requests: list[WorkloadRequest]
+    prefixes: dict[str, str] = field(default_factory=dict)
+    source: str = "<workload>"
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+# ------------------------------------------------------------------------------------ parsing
+def load_workload(path: str | os.PathLike) -> Workload:
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"cannot read workload {name}: {e}") from None
+    return parse_workload(text.splitlines(), source=os.path.basename(name))
+
+
+def parse_workload(lines: str | Iterable[str], source: str = "<workload>") -> Workload:
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    prefixes: dict[str, str] = {}
+    requests: list[WorkloadRequest] = []
+    ids: set[str] = set()
+    for lineno, raw in enumerate(lines, 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+
+        def fail(msg: str, lineno=lineno) -> WorkloadError:
+            return WorkloadError(f"{source}:{lineno}: {msg}")
+
+        try:
+            obj = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise fail(f"bad JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise fail(f"expected a JSON object, got {type(obj).__name__}")
+        if "define_prefix" in obj:
+            name, text = _parse_prefix(obj, prefixes, fail)
+            prefixes[name] = text
+            continue
+        req = _parse_request(obj, lineno, prefixes, ids, fail)
+        if req.id is not None:
+            ids.add(req.id)
+        requests.append(req)
+    if not requests:
+        raise WorkloadError(f"{source}: no requests in the workload")
+    return Workload(requests, prefixes, source)
+
+
+def _parse_prefix(obj: dict, prefixes: dict[str, str], fail) -> tuple[str, str]:
+    unknown = [k for k in obj if k not in PREFIX_KEYS]
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r} in a prefix definition "
+                   f"(allowed: {', '.join(PREFIX_KEYS)})")
+    name, text = obj["define_prefix"], obj.get("text")
+    if not isinstance(name, str) or not name:
+        raise fail("define_prefix must be a non-empty string")
+    if name in prefixes:
+        raise fail(f"prefix {name!r} is defined twice")
+    if not isinstance(text, str) or not text:
+        raise fail(f"prefix {name!r} needs a non-empty string 'text'")
+    return name, text
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+_CHECKS = {  # key -> (test, what it must be)
+    "max_tokens": (_is_int, "an integer"),
+    "top_k": (_is_int, "an integer"),
+    "n": (_is_int, "an integer"),
+    "temperature": (_is_number, "a number"),
+    "top_p": (_is_number, "a number"),
+    "seed": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list)
+                                              and all(isinstance(s, str) and s for s in v)),
+             "a string or a list of non-empty strings"),
+    "arrival_s": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "prompt": (lambda v: isinstance(v, str), "a string"),
+    "prompt_ids": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
+                   "a list of non-negative integer token ids"),
+    "prefix": (lambda v: isinstance(v, str), "a string"),
+    "cache_salt": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "id": (lambda v: isinstance(v, str) or _is_int(v), "a string or an integer"),
+    "follows": (lambda v: isinstance(v, str) or _is_int(v), "a string or an integer"),
+}
+
+
+def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[str],
+                   fail) -> WorkloadRequest:
+    unknown = [k for k in obj if k not in REQUEST_KEYS]
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(REQUEST_KEYS)})")
+    for key, value in obj.items():
+        test, what = _CHECKS[key]
+        if not test(value):
+            raise fail(f"{key} must be {what}, got {json.dumps(value)}")
+    if ("prompt" in obj) == ("prompt_ids" in obj):
+        raise fail("a request needs exactly one of 'prompt' (text) or 'prompt_ids'"
+                   if "prompt" in obj else "missing 'prompt' (or 'prompt_ids')")
+    sampling = {k: obj[k] for k in SAMPLING_KEYS if k in obj}
+    if isinstance(sampling.get("stop"), str):
+        sampling["stop"] = [sampling["stop"]]
+    try:
+        params = SamplingParams(**sampling)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    req = WorkloadRequest(lineno, params, float(obj.get("arrival_s", 0.0)), obj.get("prompt"),
+                          obj.get("prompt_ids"), obj.get("prefix"),
+                          cache_salt=obj.get("cache_salt"))
+    if "id" in obj:
+        req.id = str(obj["id"])
+        if req.id in ids:
+            raise fail(f"id {req.id!r} is used by an earlier line")
+    if req.prefix is not None:
+        if req.prefix not in prefixes:
+            known = ", ".join(map(repr, prefixes)) or "none defined"
+            raise fail(f"unknown prefix {req.prefix!r} (define it on an earlier line with "
+                       f'{{"define_prefix": ..., "text": ...}}; known: {known})')
+        req.prefix_text = prefixes[req.prefix]
+    if "follows" in obj:
+        req.follows = str(obj["follows"])
+        if req.follows not in ids:
+            raise fail(f"follows unknown id {req.follows!r} (it must be the id of an earlier "
+                       "line)")
+        if req.prefix is not None:
+            raise fail("'follows' and 'prefix' cannot be combined: the history already "
+                       "starts with the prefix")
+    elif not req.prefix_text and not (req.prompt or req.prompt_ids):
+        raise fail("empty prompt")
+    return req
+
+
+# ------------------------------------------------------------------------------------ running
+@dataclass
+class LineResult:
+    """What became of one request line."""
+
+    request: WorkloadRequest
+    request_id: int | None = None  # the engine's id; None if never submitted
+    submitted_s: float | None = None
+    outputs: list[RequestOutput] = field(default_factory=list)  # samples 0..n-1, once finished
+    skipped: str | None = None  # why the line was never submitted
+
+    @property
+    def done(self) -> bool:
+        return self.skipped is not None or (self.request_id is not None and bool(self.outputs))
+
+
+@dataclass
+class WorkloadResult:
+    lines: list[LineResult]
+    start_s: float  # time.monotonic() when the run started
+    end_s: float = 0.0
+    first_step: int = 0  # index into engine.step_records of the run's first step
+    num_steps: int = 0
+    evicted_before: int = 0  # the pool's eviction counter when the run started
+    cancelled: bool = False  # stop() was called
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """Every finished sample, in line order."""
+        return [o for line in self.lines for o in line.outputs]
+
+    @property
+    def request_ids(self) -> list[int]:
+        return [line.request_id for line in self.lines if line.request_id is not None]
+
+
+class WorkloadRunner:
+    """Drives an engine with a workload. `run()` blocks until the workload is done; a caller
+    with its own loop (a GUI worker) calls `advance()` repeatedly instead."""
+
+    def __init__(self, engine, workload: Workload,
+                 on_progress: Callable[[int, int], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.engine = engine
+        self.workload = workload
+        self.on_progress = on_progress
+        self.clock, self.sleep = clock, sleep
+        self.result: WorkloadResult | None = None
+        self._pending: list[LineResult] = []  # not yet submitted, by (arrival, line)
+        self._by_rid: dict[int, LineResult] = {}
+        self._by_id: dict[str, LineResult] = {}
+        self._finished_at: dict[str, float] = {}  # workload id -> when it finished
+        self._final: dict[int, RequestOutput] = {}  # request id -> its last (finished) output
+        self._num_done = 0
+        if getattr(engine, "tokenizer", None) is None:
+            for r in workload.requests:
+                if r.needs_tokenizer:
+                    raise WorkloadError(f"{workload.source}:{r.line}: the model has no "
+                                        "tokenizer; use prompt_ids and no prefix")
+
+    @property
+    def total(self) -> int:
+        return len(self.workload.requests)
+
+    def start(self) -> None:
+        engine = self.engine
+        lines = [LineResult(r) for r in self.workload.requests]
+        self.result = WorkloadResult(lines, self.clock(), first_step=len(engine.step_records),
+                                     evicted_before=engine.manager.pool.num_evicted)
+        self._pending = sorted(lines, key=lambda x: (x.request.arrival_s, x.request.line))
+        self._by_id = {x.request.id: x for x in lines if x.request.id is not None}
+        self._progress()
+
+    def advance(self) -> float | None:
+        """Submit every request that is due, then run one engine step if there is work.
+        Returns None when the workload is done, 0.0 to be called again at once, or the seconds
+        until the next arrival when the engine is idle."""
+        if self.result is None:
+            self.start()
+        self._submit_due()
+        if self.engine.has_unfinished():
+            self._collect(self.engine.step())
+            return 0.0
+        if not self._pending:
+            return self._finish()
+        wait = self._next_due() - self.clock()
+        if math.isinf(wait):  # only followers of unfinished requests: cannot happen when idle
+            raise RuntimeError("workload stalled: followers wait on requests that are not "
+                               "running")
+        return max(0.0, wait)
+
+    def run(self) -> WorkloadResult:
+        while (wait := self.advance()) is not None:
+            if wait > 0:
+                self.sleep(wait)
+        return self.result
+
+    def stop(self) -> None:
+        """Cancel everything in flight and skip what is not submitted yet."""
+        if self.result is None:
+            self.start()
+        self.result.cancelled = True
+        for line in self._pending:
+            line.skipped = "the run was stopped before it was submitted"
+            self._num_done += 1
+        self._pending = []
+        for rid, line in self._by_rid.items():
+            if not line.done:
+                self.engine.cancel(rid)
+        while self.engine.has_unfinished():
+            self._collect(self.engine.step())
+        self._finish()
+
+    # ------------------------------------------------------------------------ internals
+    def _due_s(self, line: LineResult) -> float:
+        due = self.result.start_s + line.request.arrival_s
+        if line.request.follows is not None:
+            due = max(due, self._finished_at.get(line.request.follows, math.inf))
+        return due
+
+    def _next_due(self) -> float:
+        return min(self._due_s(x) for x in self._pending)
+
+    def _submit_due(self) -> None:
+        now = self.clock()
+        still = []
+        for line in self._pending:
+            req = line.request
+            prev = self._by_id.get(req.follows) if req.follows is not None else None
+            if prev is not None and prev.skipped is not None:
+                line.skipped = f"follows {req.follows!r}, which was skipped"
+            elif prev is not None and prev.done and prev.outputs[0].finish_reason \
+                    not in NORMAL_FINISHES:
+                line.skipped = f"follows {req.follows!r}, which was " \
+                               f"{prev.outputs[0].finish_reason}"
+            elif self._due_s(line) <= now:
+                self._submit(line, prev, now)
+            else:
+                still.append(line)
+                continue
+            if line.skipped is not None:
+                self._line_done(line, now)
+        self._pending = still
+
+    def _submit(self, line: LineResult, prev: LineResult | None, now: float) -> None:
+        req, engine = line.request, self.engine
+        if prev is not None:
+            first = engine.requests[prev.request_id]
+            tail = (engine.tokenizer.encode(req.prompt, add_special_tokens=False)
+                    if req.prompt is not None else list(req.prompt_ids))
+            prompt = list(first.prompt_token_ids) + list(first.output_token_ids) + tail
+        elif req.prompt is not None:
+            prompt = req.prefix_text + req.prompt
+        elif req.prefix_text:
+            prompt = list(engine.tokenizer.encode(req.prefix_text)) + list(req.prompt_ids)
+        else:
+            prompt = list(req.prompt_ids)
+        line.request_id = engine.add_request(prompt, req.params, req.cache_salt)
+        line.submitted_s = now
+        self._by_rid[line.request_id] = line
+
+    def _collect(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if not out.finished:
+                continue
+            self._final[out.request_id] = out
+            root = out.request_id if out.parent_id is None else out.parent_id
+            line = self._by_rid.get(root)
+            if line is None or line.done:
+                continue  # not ours (someone else's request on a shared engine)
+            # Samples 1..n-1 are forked when the prompt is done, before any sample can finish.
+            samples = [root] + [r for r, q in self.engine.requests.items() if q.parent_id == root]
+            if all(r in self._final for r in samples):
+                line.outputs = [self._final[r] for r in samples]
+                self._line_done(line, self.clock())
+
+    def _line_done(self, line: LineResult, now: float) -> None:
+        if line.request.id is not None:
+            self._finished_at[line.request.id] = now
+        self._num_done += 1
+        self._progress()
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self._num_done, self.total)
+
+    def _finish(self) -> None:
+        r = self.result
+        if not r.end_s:
+            r.end_s = self.clock()
+            r.num_steps = len(self.engine.step_records) - r.first_step
+        return None
+
+
+# ------------------------------------------------------------------------------------ summary
+@dataclass
+class RunSummary:
+    """The numbers of one workload run, from the engine's own records."""
+
+    num_lines: int
+    num_requests: int  # engine requests, parallel samples included
+    num_finished: int
+    num_rejected: int
+    num_cancelled: int
+    num_skipped: int  # lines never submitted
+    duration_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    measured_s: float  # the throughput window: after the warm-up steps, to the last finish
+    output_tokens_per_s: float
+    total_tokens_per_s: float  # (prompt + output tokens completed in the window) / window
+    num_warmup_steps: int  # warm-up steps of this run left out of the throughput window
+    warmup_s: float
+    hit_tokens: int
+    query_tokens: int
+    num_requests_queried: int
+    num_requests_hit: int
+    num_evictions: int  # cached blocks whose hash was dropped to reuse the block
+    num_preemptions: int
+    num_steps: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        n = self.num_requests_queried
+        return self.num_requests_hit / n if n else 0.0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def summarize(engine, result: WorkloadResult) -> RunSummary:
+    roots = set(result.request_ids)
+    reqs = [q for rid, q in engine.requests.items()
+            if rid in roots or q.parent_id in roots]
+    firsts = [q for q in reqs if q.parent_id is None]
+    reasons = [q.finish_reason for q in reqs]
+    admitted = [q for q in firsts if q.metrics.first_scheduled_s is not None]
+    steps = engine.step_records[result.first_step:result.first_step + result.num_steps]
+    warm = [s for s in steps if s.warmup]
+    end = max([q.metrics.finished_s for q in reqs if q.metrics.finished_s is not None],
+              default=result.end_s)
+    window_start = max((s.start_s + s.wall_s for s in warm), default=result.start_s)
+    if not warm or window_start >= end:
+        window_start, warm = result.start_s, []
+
+    def completed_after(t0: float) -> tuple[int, int]:
+        out = sum(1 for q in reqs for t in q.metrics.token_times_s if t > t0)
+        prompt = sum(q.metrics.prompt_tokens for q in firsts
+                     if q.metrics.first_token_s is not None and q.metrics.first_token_s > t0)
+        return out, prompt
+
+    out_w, prompt_w = completed_after(window_start)
+    if out_w == 0 and warm:  # everything happened during warm-up: measure the whole run
+        window_start, warm = result.start_s, []
+        out_w, prompt_w = completed_after(window_start)
+    measured = max(end - window_start, 1e-9)
+    ttft = [q.metrics.ttft_s for q in firsts if q.metrics.ttft_s is not None]
+    tpot = [q.metrics.tpot_s for q in reqs if q.metrics.tpot_s is not None]
+    return RunSummary(
+        num_lines=len(result.lines), num_requests=len(reqs),
+        num_finished=sum(r in NORMAL_FINISHES for r in reasons),
+        num_rejected=reasons.count("rejected"), num_cancelled=reasons.count("cancelled"),
+        num_skipped=sum(x.skipped is not None for x in result.lines),
+        duration_s=result.end_s - result.start_s,
+        ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
+        tpot_p50_s=percentile(tpot, 50), tpot_p99_s=percentile(tpot, 99),
+        prompt_tokens=sum(q.metrics.prompt_tokens for q in firsts),
+        output_tokens=sum(q.metrics.output_tokens for q in reqs),
+        measured_s=measured, output_tokens_per_s=out_w / measured,
+        total_tokens_per_s=(out_w + prompt_w) / measured,
+        num_warmup_steps=len(warm), warmup_s=sum(s.wall_s for s in warm),
+        hit_tokens=sum(q.metrics.cached_tokens for q in admitted),
+        query_tokens=sum(q.metrics.prompt_tokens for q in admitted),
+        num_requests_queried=len(admitted),
+        num_requests_hit=sum(q.metrics.cached_tokens > 0 for q in admitted),
+        num_evictions=engine.manager.pool.num_evicted - result.evicted_before,
+        num_preemptions=sum(s.num_preempted for s in steps),
+        num_steps=len(steps),
+    )
