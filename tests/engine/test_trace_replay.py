@@ -7,16 +7,13 @@ import pytest
 from kvscope.engine import KVCacheManager
 from kvscope.engine.trace_replay import TRACE_BLOCK, load_mooncake, replay
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / \
-    "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head200.jsonl"
 BS = 16
 SLICE = 200
 
 
 @pytest.fixture(scope="module")
 def requests():
-    if not TRACE.exists():
-        pytest.fail(f"the Mooncake trace is missing: {TRACE}")
     return load_mooncake(TRACE, limit=SLICE)
 
 
