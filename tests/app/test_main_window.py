@@ -129,3 +129,35 @@ def test_main_window_screenshot(window, qtbot):
         docs = Path(__file__).resolve().parents[2] / "docs"
         docs.mkdir(exist_ok=True)
         assert image.save(str(docs / "main_window.png"))
+
+
+def test_f5_runs_the_demo_workload_and_later_requests_reuse_the_system_prompt(window, qtbot):
+    from PySide6.QtCore import Qt
+
+    window.activateWindow()
+    qtbot.keyClick(window, Qt.Key_F5)
+    qtbot.waitUntil(lambda: len(window.requests.model.rows) == 12 and all(
+        r.state.startswith("finished") for r in window.requests.model.rows), timeout=60_000)
+    rows = sorted(window.requests.model.rows, key=lambda r: r.request_id)
+    assert rows[0].cached_tokens == 0
+    assert all(r.cached_tokens >= 300 for r in rows[1:])  # the ~330-token system prompt
+    assert window.snapshot.token_hit_rate > 0.5
+
+
+def test_the_dock_layout_is_remembered(qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from kvscope.app.main_window import MainWindow
+
+    settings = QSettings(str(tmp_path / "layout.ini"), QSettings.IniFormat)
+    first = MainWindow(settings=settings)
+    qtbot.addWidget(first)
+    first.show()
+    first.docks["events"].hide()
+    first.close()
+    second = MainWindow(settings=settings)
+    qtbot.addWidget(second)
+    second.show()
+    assert not second.docks["events"].isVisible()
+    assert second.docks["requests"].isVisible()
+    second.close()
