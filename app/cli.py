@@ -1,5 +1,314 @@
-"""The `kvscope` command line."""
+"""The `kvscope` command line.
+
+    kvscope run --workload FILE [--model demo] [engine options]   # headless, prints a summary
+    kvscope generate [--model demo] "prompt" [sampling options]   # prints the generated text
+    kvscope                                                         # see default_action()
+
+Errors a user can cause (a model that does not load, a bad workload line, a bad option value)
+print one line to stderr and exit with status 2. No Qt here: the GUI is imported lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import os
+import sys
+import time
+from pathlib import Path
+
+from kvscope.engine.workload import (
+    RunSummary,
+    WorkloadError,
+    WorkloadRunner,
+    load_workload,
+    summarize,
+)
+
+DEFAULT_MODEL = "demo"
+DEFAULT_WORKLOAD = "shared_system_prompt"
+KV_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def default_action() -> int:
+    """What a bare `kvscope` does. For now: run the shared-system-prompt demo workload
+    headless and print its summary. (The GUI will take this over.)"""
+    return main(["run", "--model", DEFAULT_MODEL, "--workload", DEFAULT_WORKLOAD])
 
 
 def main(argv: list[str] | None = None) -> int:
-    raise SystemExit("kvscope: not implemented yet")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        return default_action()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"kvscope: error: {e}", file=sys.stderr)
+        return 2
+    except WorkloadError as e:
+        print(f"kvscope: error: {e}", file=sys.stderr)
+        return 2
+
+
+# ------------------------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvscope", description="A KV-cache inspector with a real paged-KV inference engine. "
+        "Without a command: run the shared-system-prompt demo workload and print its summary.")
+    parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a workload headless and print a summary",
+                         description="Run a workload file (JSON Lines; see "
+                         "resources/workloads/README.md) and print TTFT, TPOT, throughput, "
+                         "hit rates, evictions and preemptions.")
+    run.add_argument("--workload", required=True, metavar="FILE",
+                     help="a workload file, or the name of a shipped one: "
+                     + ", ".join(shipped_workloads()))
+    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _engine_options(run)
+    run.set_defaults(func=cmd_run)
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts",
+                         description="Generate a completion for each prompt and print it.")
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+    gen.add_argument("--max-tokens", type=_positive_int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0: off")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("-n", type=_positive_int, default=1, help="samples per prompt")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop when this text appears (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--cache-salt", default=None)
+    gen.add_argument("--echo", action="store_true", help="print the prompt before the output")
+    _engine_options(gen)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help="'demo', a local Hugging Face model folder, or a repo id already in the "
+                   "local Hugging Face cache (default: demo)")
+    g.add_argument("--num-blocks", type=_positive_int, default=None,
+                   help="KV pool size in blocks (default: 2048 on the CPU, a share of free "
+                   "memory on CUDA)")
+    g.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block")
+    g.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
+                   help="KV cache dtype (auto: the model's)")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="model dtype (default: the checkpoint's; float32 on the CPU)")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    g.add_argument("--no-kv-cache", action="store_true",
+                   help="the naive loop: recompute every sequence at every step")
+    g.add_argument("--max-batched-tokens", type=_positive_int, default=1024,
+                   help="token budget per step (default 1024)")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=64,
+                   help="running requests at most (default 64)")
+    g.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch CPU threads (default: torch's)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvscope")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------- workloads
+def _workloads_dir() -> Path:
+    return Path(os.fspath(importlib.resources.files("kvscope.resources") / "workloads"))
+
+
+def shipped_workloads() -> list[str]:
+    return sorted(p.stem for p in _workloads_dir().glob("*.jsonl"))
+
+
+def resolve_workload(name: str) -> Path:
+    """A path to a workload file, or the name of a shipped workload (with or without .jsonl)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    stem = name[:-len(".jsonl")] if name.endswith(".jsonl") else name
+    if os.sep not in name and stem in shipped_workloads():
+        return _workloads_dir() / f"{stem}.jsonl"
+    raise CliError(f"workload not found: {name} (shipped workloads: "
+                   f"{', '.join(shipped_workloads())})")
+
+
+# ---------------------------------------------------------------------------------- engine
+def load_engine(args: argparse.Namespace):
+    """Build the engine the options describe; user errors become CliError."""
+    import torch
+
+    from kvscope.engine import Engine, EngineConfig
+    from kvscope.engine.loader import ModelLoadError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda: CUDA is not available (this torch build: "
+                       f"{torch.__version__})")
+    try:
+        config = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                              kv_cache_dtype=args.kv_dtype, device=args.device, dtype=args.dtype,
+                              enable_prefix_caching=not args.no_prefix_cache,
+                              enable_kv_cache=not args.no_kv_cache,
+                              max_num_batched_tokens=args.max_batched_tokens,
+                              max_num_seqs=args.max_num_seqs)
+        return Engine.from_pretrained(args.model, config)
+    except ModelLoadError as e:
+        raise CliError(f"cannot load model {args.model!r}: {e}") from None
+    except ValueError as e:
+        raise CliError(str(e).splitlines()[0] if str(e) else repr(e)) from None
+
+
+def describe_engine(engine, model: str) -> str:
+    c = engine.config
+    mode = ("no KV cache (naive loop)" if not c.enable_kv_cache else
+            "prefix cache " + ("on" if c.enable_prefix_caching else "off"))
+    return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens, "
+            f"KV {engine.runner.cache_dtype}, {mode}".replace("torch.", ""))
+
+
+# -------------------------------------------------------------------------------- commands
+def cmd_run(args: argparse.Namespace) -> int:
+    path = resolve_workload(args.workload)
+    workload = load_workload(path)  # before the model: a bad line fails fast
+    engine = load_engine(args)
+    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
+    interrupted = False
+    try:
+        result = runner.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        runner.stop()
+        result = runner.result
+    finally:
+        if bar:
+            bar.close()
+    print(f"kvscope run: {path.name}: {describe_engine(engine, args.model)}")
+    print(format_summary(summarize(engine, result)))
+    if interrupted:
+        print("interrupted: unfinished requests were cancelled")
+        return 130
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from kvscope.engine import SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, n=args.n,
+                                stop=args.stop, ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    engine = load_engine(args)
+    if engine.tokenizer is None:
+        raise CliError(f"model {args.model!r} has no tokenizer: cannot encode text prompts")
+    outputs = engine.generate(args.prompts, params, cache_salt=args.cache_salt)
+    roots = [o.request_id for o in outputs if o.parent_id is None]  # one per prompt, in order
+    status = 0
+    for out in outputs:
+        index = roots.index(out.request_id if out.parent_id is None else out.parent_id)
+        if out.finish_reason == "rejected":
+            print(f"kvscope: error: prompt {index + 1} rejected: {out.error}", file=sys.stderr)
+            status = 2
+            continue
+        if len(outputs) > 1:
+            print(f"--- prompt {index + 1}, sample {out.sample_index + 1} ---")
+        print((args.prompts[index] if args.echo else "") + out.text)
+        m = out.metrics
+        print(f"[{m.prompt_tokens} prompt tokens ({out.num_cached_tokens} from the cache), "
+              f"{m.output_tokens} output tokens, finish: {out.finish_reason}, "
+              f"TTFT {_ms(m.ttft_s)}, TPOT {_ms(m.tpot_s)}]", file=sys.stderr)
+    return status
+
+
+# ---------------------------------------------------------------------------------- output
+class ProgressBar:
+    """`label [#####.....] 5/12 requests  3.2 s` on one line, redrawn with a carriage return."""
+
+    def __init__(self, stream, label: str = "", width: int = 30):
+        self.stream, self.label, self.width = stream, label, width
+        self.t0 = time.monotonic()
+        self.drawn = False
+
+    def update(self, done: int, total: int) -> None:
+        filled = self.width * done // total if total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} requests "
+                          f"{time.monotonic() - self.t0:5.1f} s")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _pct(rate: float) -> str:
+    return f"{100 * rate:.1f} %"
+
+
+def format_summary(s: RunSummary) -> str:
+    requests = (f"{s.num_finished} finished, {s.num_rejected} rejected, "
+                f"{s.num_cancelled} cancelled")
+    if s.num_requests != s.num_lines:
+        requests += f" ({s.num_lines} workload lines)"
+    if s.num_skipped:
+        requests += f"; {s.num_skipped} skipped"
+    rows = [
+        ("requests", requests),
+        ("TTFT", f"p50 {_ms(s.ttft_p50_s)}   p99 {_ms(s.ttft_p99_s)}"),
+        ("TPOT", f"p50 {_ms(s.tpot_p50_s)}   p99 {_ms(s.tpot_p99_s)}"),
+        ("throughput", f"{s.output_tokens_per_s:.1f} output tokens/s, "
+                       f"{s.total_tokens_per_s:.1f} total tokens/s (prompt + output)"),
+        ("token hit rate", f"{_pct(s.token_hit_rate)} ({s.hit_tokens} of {s.query_tokens} "
+                           "prompt tokens served from the cache)"),
+        ("request hit rate", f"{_pct(s.request_hit_rate)} ({s.num_requests_hit} of "
+                             f"{s.num_requests_queried} requests reused a cached block)"),
+        ("evictions", f"{s.num_evictions} blocks"),
+        ("preemptions", f"{s.num_preemptions}"),
+        ("tokens", f"{s.prompt_tokens} prompt, {s.output_tokens} output"),
+        ("steps", f"{s.num_steps} in {s.duration_s:.2f} s"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"  {name:<{width}}  {value}" for name, value in rows]
+    if s.num_warmup_steps:
+        lines.append(f"  note: the first {s.num_warmup_steps} steps (warm-up, "
+                     f"{s.warmup_s:.2f} s) are left out of the throughput; TTFT and TPOT "
+                     "include them")
+    else:
+        lines.append("  note: no warm-up steps in this run's throughput window (a warm engine, "
+                     "or a run too short to leave them out)")
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""`python -m kvscope.app`: the `kvscope` command."""
+
+from kvscope.app.cli import main
+
+raise SystemExit(main())
