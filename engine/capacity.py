@@ -1,0 +1,252 @@
+"""Textbook KV-cache arithmetic from a Hugging Face ``config.json``: bytes per token, tokens and
+requests that fit in a memory budget, for the model's attention layout and its MHA / GQA / MQA
+variants, at 16-bit, fp8 or fp32. Pure Python (no torch, no Qt).
+
+    KV bytes per token   = 2 (K and V) x layers x kv_heads x head_dim x bytes per element
+    bytes per request    = context tokens (prompt + output) x KV bytes per token
+    tokens that fit      = floor(memory / KV bytes per token)
+    requests that fit    = floor(memory / bytes per request)
+
+Paged engines round each request up to whole blocks and keep some memory for activations; these
+are the upper bounds the textbook quotes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+
+# Bytes per stored K/V element, by the names configs and engines use.
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4,
+    "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "half": 2, "16-bit": 2,
+    "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+# The cache precisions the capacity views compare: (label, bytes per element).
+PRECISIONS = (("16-bit", 2), ("fp8", 1))
+
+
+class InvalidConfigError(ValueError):
+    """A config.json that the arithmetic cannot use; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The attention-cache shape of a model: all the arithmetic needs."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"  # the checkpoint's dtype: the KV cache's when kv dtype is "auto"
+    max_position_embeddings: int | None = None
+    notes: tuple[str, ...] = ()  # where the textbook formula over- or under-states the real cache
+
+    @property
+    def kind(self) -> str:
+        return attention_kind(self.num_heads, self.num_kv_heads)
+
+    @property
+    def bytes_per_element(self) -> int:
+        try:
+            return element_bytes(self.dtype)
+        except ValueError:  # an unusual checkpoint dtype: assume a 16-bit cache
+            return 2
+
+    def with_kv_heads(self, num_kv_heads: int) -> KVShape:
+        return replace(self, num_kv_heads=num_kv_heads)
+
+    @classmethod
+    def from_hf_dict(cls, cfg: Any) -> KVShape:
+        """Read the shape from a config.json dict (any architecture using these keys)."""
+        if not isinstance(cfg, dict):
+            raise InvalidConfigError(
+                f"config.json must hold a JSON object, not {type(cfg).__name__}")
+        if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = {**cfg["text_config"], **{k: cfg[k] for k in ("dtype", "torch_dtype")
+                                           if k in cfg and k not in cfg["text_config"]}}
+        missing = [k for k in ("num_hidden_layers", "num_attention_heads") if k not in cfg]
+        if "head_dim" not in cfg and "hidden_size" not in cfg:
+            missing.append("head_dim or hidden_size")
+        if missing:
+            raise InvalidConfigError("config.json lacks " + ", ".join(missing)
+                                     + " (not a decoder model's config?)")
+        layers = _positive_int(cfg, "num_hidden_layers")
+        heads = _positive_int(cfg, "num_attention_heads")
+        kv_heads = _positive_int(cfg, "num_key_value_heads") \
+            if cfg.get("num_key_value_heads") is not None else heads
+        if kv_heads > heads:
+            raise InvalidConfigError(f"num_key_value_heads ({kv_heads}) exceeds "
+                                     f"num_attention_heads ({heads})")
+        if cfg.get("head_dim") is not None:
+            head_dim = _positive_int(cfg, "head_dim")
+        else:
+            hidden = _positive_int(cfg, "hidden_size")
+            if hidden % heads:
+                raise InvalidConfigError(f"hidden_size ({hidden}) is not a multiple of "
+                                         f"num_attention_heads ({heads}) and no head_dim is given")
+            head_dim = hidden // heads
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+        max_pos = cfg.get("max_position_embeddings")
+        notes = []
+        if cfg.get("kv_lora_rank"):
+            notes.append(f"multi-head latent attention (kv_lora_rank {cfg['kv_lora_rank']}): the "
+                         "real cache holds a compressed latent, far smaller than this formula")
+        window = cfg.get("sliding_window")
+        if window and cfg.get("use_sliding_window", True):
+            notes.append(f"sliding_window {window}: engines with windowed attention keep at most "
+                         f"{window} tokens per request in (some) layers")
+        return cls(layers, heads, kv_heads, head_dim, dtype,
+                   max_pos if isinstance(max_pos, int) and max_pos > 0 else None, tuple(notes))
+
+    @classmethod
+    def from_model_config(cls, mc) -> KVShape:
+        """From our ``kvscope.engine.models.config.ModelConfig``."""
+        return cls(mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.torch_dtype,
+                   mc.max_position_embeddings)
+
+    @classmethod
+    def from_any(cls, config) -> KVShape:
+        if isinstance(config, KVShape):
+            return config
+        if hasattr(config, "num_layers") and hasattr(config, "num_kv_heads"):
+            return cls.from_model_config(config)
+        return cls.from_hf_dict(config)
+
+    def describe(self) -> str:
+        return (f"{self.num_layers} layers · {self.num_heads} heads · {self.num_kv_heads} KV "
+                f"heads ({self.kind}) · head_dim {self.head_dim} · {self.dtype}")
+
+
+def _positive_int(cfg: dict, key: str) -> int:
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidConfigError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read and check a config.json; raises InvalidConfigError with a one-line reason."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidConfigError(f"{path.name} is not valid JSON: {e.msg} at line {e.lineno}, "
+                                 f"column {e.colno}") from e
+    KVShape.from_hf_dict(cfg)  # validate now, so callers get the error at load time
+    return cfg
+
+
+def attention_kind(num_heads: int, num_kv_heads: int) -> str:
+    if num_kv_heads == num_heads:
+        return "MHA"
+    return "MQA" if num_kv_heads == 1 else "GQA"
+
+
+def element_bytes(dtype: str | int) -> int:
+    """Bytes per K/V element: 16-bit 2, fp8 1, fp32 4; an int passes through."""
+    if isinstance(dtype, int):
+        return dtype
+    try:
+        return DTYPE_BYTES[dtype.removeprefix("torch.").lower()]
+    except KeyError:
+        raise ValueError(f"unknown KV dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+def kv_bytes_per_token(shape: KVShape, dtype: str | int | None = None) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    b = shape.bytes_per_element if dtype is None else element_bytes(dtype)
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * b
+
+
+def bytes_per_request(shape: KVShape, context_tokens: int, dtype: str | int | None = None) -> int:
+    """KV bytes held by one request of context_tokens (prompt + output) tokens."""
+    return context_tokens * kv_bytes_per_token(shape, dtype)
+
+
+def tokens_that_fit(memory_bytes: float, shape: KVShape, dtype: str | int | None = None) -> int:
+    return int(memory_bytes // kv_bytes_per_token(shape, dtype))
+
+
+def requests_that_fit(memory_bytes: float, shape: KVShape, context_tokens: int,
+                      dtype: str | int | None = None) -> int:
+    """Whole requests of context_tokens each that fit in memory_bytes at once."""
+    if context_tokens <= 0:
+        raise ValueError("context_tokens must be positive")
+    return int(memory_bytes // bytes_per_request(shape, context_tokens, dtype))
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One row of the comparison: an attention variant at one cache precision."""
+
+    label: str  # "GQA · 8 KV heads"
+    kind: str  # MHA | GQA | MQA
+    num_kv_heads: int
+    precision: str  # "16-bit" | "fp8" | "fp32"
+    bytes_per_element: int
+    bytes_per_token: int
+    bytes_per_request: int
+    tokens_fit: int
+    requests_fit: int
+    is_model: bool  # the config's own layout
+
+
+def variants(shape: KVShape) -> list[tuple[str, KVShape, bool]]:
+    """(label, shape, is the config's own) for MHA (kv = heads), the config, MQA (kv = 1),
+    most KV heads first; a layout that coincides with the config's is listed once."""
+    out = []
+    for kv in sorted({shape.num_heads, shape.num_kv_heads, 1}, reverse=True):
+        s = shape.with_kv_heads(kv)
+        label = f"{s.kind} · {kv} KV head{'s' if kv > 1 else ''}"
+        out.append((label, s, kv == shape.num_kv_heads))
+    return out
+
+
+def capacity_table(shape: KVShape, memory_bytes: float, context_tokens: int,
+                   precisions=PRECISIONS) -> list[Capacity]:
+    """Every variant x precision: bytes/token, bytes/request, tokens and requests that fit."""
+    rows = []
+    for label, s, own in variants(shape):
+        for name, b in precisions:
+            rows.append(Capacity(label, s.kind, s.num_kv_heads, name, b, kv_bytes_per_token(s, b),
+                                 bytes_per_request(s, context_tokens, b),
+                                 tokens_that_fit(memory_bytes, s, b),
+                                 requests_that_fit(memory_bytes, s, context_tokens, b), own))
+    return rows
+
+
+def precision_name(bytes_per_element: int) -> str:
+    return {1: "fp8", 2: "16-bit", 4: "fp32"}.get(bytes_per_element, f"{bytes_per_element} B")
+
+
+def format_bytes(n: float) -> str:
+    """Binary units for memory sizes: '128 KiB', '10.00 GiB'."""
+    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+# Two shapes for teaching, as their config.json files state them (only the keys used here).
+PRESETS: dict[str, dict[str, Any]] = {
+    "Llama 3.1 8B": {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+    },
+    "70B GQA (Llama 3.1 70B)": {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+    },
+}
