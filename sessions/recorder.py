@@ -444,7 +444,8 @@ class Recorder:
         text = None
         if info.prompt_ids is not None:
             tok = getattr(self.engine, "tokenizer", None)
-            text = tok.decode(info.prompt_ids) if tok is not None else None
+            if tok is not None:
+                text = tok.decode(info.prompt_ids, skip_special_tokens=True)
         return dict(request_id=info.request_id, parent_id=info.parent_id,
                     sample_index=info.sample_index, arrival_s=info.arrival_s,
                     salt_digest=self._salt_digest(info.cache_salt),

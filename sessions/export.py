@@ -1,0 +1,225 @@
+"""Export a recorded session: Chrome Trace Event JSON (opens in ui.perfetto.dev) and CSV.
+
+Trace layout (times in integer microseconds from the start of the recording, so that spans that
+touch never overlap by a rounding error):
+
+- process "engine": track "steps" with one span per step, and inside it a "prefill" and a
+  "decode" span with the forward time of each (laid end to end from the step's start: their
+  durations are measured, their offsets inside the step are not); track "cache" with instant
+  events for evictions and prefix-cache resets; counter tracks "blocks" (free / active / cached)
+  and "token hit rate" (cumulative, and for the step's admissions).
+- process "requests": one track per request with back-to-back spans "queued", "prefill",
+  "decode" (and "preempted" / "recompute" after a preemption), and instant events for
+  preemptions, cancellations and rejections. Phase changes are taken from the events' own times.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import astuple, fields
+from pathlib import Path
+
+from kvscope.engine import events as ev
+from kvscope.sessions.reader import RecordedRequest, SessionReader
+
+ENGINE_PID, REQUESTS_PID = 1, 2
+STEPS_TID, CACHE_TID = 1, 2
+
+
+def _open(session) -> tuple[SessionReader, bool]:
+    if isinstance(session, SessionReader):
+        return session, False
+    return SessionReader(session), True
+
+
+def chrome_trace(reader: SessionReader) -> dict:
+    steps = reader.steps()
+    requests = reader.requests()
+    events = reader.events_between(reader.first_step, reader.last_step) if steps else []
+    starts = [reader.meta.monotonic_t0] + [s.start_s for s in steps[:1]] + \
+             [r.arrival_s for r in requests]
+    t0_ns = round(min(starts) * 1e9)
+
+    def us(seconds: float) -> int:
+        return (round(seconds * 1e9) - t0_ns) // 1000
+
+    def us_ns(time_ns: int) -> int:
+        return (time_ns - t0_ns) // 1000
+
+    out: list[dict] = []
+    meta = [(ENGINE_PID, "engine", 0), (REQUESTS_PID, "requests", 1)]
+    for pid, name, order in meta:
+        out.append(dict(ph="M", pid=pid, tid=0, name="process_name", args=dict(name=name)))
+        out.append(dict(ph="M", pid=pid, tid=0, name="process_sort_index",
+                        args=dict(sort_index=order)))
+    for tid, name in ((STEPS_TID, "steps"), (CACHE_TID, "cache")):
+        out.append(dict(ph="M", pid=ENGINE_PID, tid=tid, name="thread_name",
+                        args=dict(name=name)))
+        out.append(dict(ph="M", pid=ENGINE_PID, tid=tid, name="thread_sort_index",
+                        args=dict(sort_index=tid)))
+
+    totals = {}
+    cols, rows = reader.step_table()
+    if steps:
+        ih, iq = cols.index("total_hit_tokens"), cols.index("total_query_tokens")
+        totals = {row[0]: (row[ih], row[iq]) for row in rows}
+    end_of_session = 0
+    for s in steps:
+        a = us(s.start_s)
+        b = max(a, us(s.start_s + s.wall_s))
+        end_of_session = max(end_of_session, b)
+        args = dict(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                    batch_size=s.batch_size, num_running=s.num_running,
+                    num_waiting=s.num_waiting, num_preempted=s.num_preempted,
+                    warmup=s.warmup)
+        out.append(dict(ph="X", pid=ENGINE_PID, tid=STEPS_TID, name=f"step {s.step}", ts=a,
+                        dur=b - a, cat="step", args=args))
+        t = a
+        for name, secs, tokens in (("prefill", s.prefill_s, s.prefill_tokens),
+                                   ("decode", s.decode_s, s.decode_tokens)):
+            if tokens:
+                d = min(round(secs * 1e6), b - t)
+                out.append(dict(ph="X", pid=ENGINE_PID, tid=STEPS_TID, name=name, ts=t, dur=d,
+                                cat=name, args=dict(tokens=tokens, step=s.step)))
+                t += d
+        out.append(dict(ph="C", pid=ENGINE_PID, tid=0, name="blocks", ts=b,
+                        args=dict(free=s.num_free_blocks, active=s.num_active_blocks,
+                                  cached=s.num_cached_blocks)))
+        hit, query = totals.get(s.step, (None, None))
+        rate = dict(cumulative=hit / query if query else 0.0)
+        if getattr(s, "query_tokens", 0):
+            rate["step"] = s.hit_tokens / s.query_tokens
+        out.append(dict(ph="C", pid=ENGINE_PID, tid=0, name="token hit rate", ts=b, args=rate))
+
+    out += _request_tracks(requests, events, us, us_ns, end_of_session)
+    for e in events:
+        if e.kind in (ev.EVICTED, ev.RESET):
+            name = (f"evicted {len(e.blocks)} block(s)" if e.kind == ev.EVICTED
+                    else f"prefix cache reset ({len(e.blocks)} block(s))")
+            out.append(dict(ph="i", s="t", pid=ENGINE_PID, tid=CACHE_TID, name=name,
+                            ts=us_ns(e.time_ns), cat=e.kind,
+                            args=dict(step=e.step, request=e.request_id,
+                                      blocks=list(e.blocks))))
+    m = reader.meta
+    return dict(traceEvents=out, displayTimeUnit="ms", otherData=dict(
+        generator="kvscope", kvscope_version=m.kvscope_version, model=m.model_name,
+        model_fingerprint=m.model_fingerprint, device=m.device, started_at=m.started_at,
+        block_size=m.block_size, num_blocks=m.num_blocks, complete=m.complete))
+
+
+def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
+                    end_of_session: int) -> list[dict]:
+    out = []
+    by_id = {r.request_id: r for r in requests}
+    open_span: dict[int, tuple[str, int]] = {}  # request -> (phase, start)
+    last_prefill: dict[int, int] = {}
+    preempted: set[int] = set()
+    done: set[int] = set()  # finished: later events of the step (its DECODE) change nothing
+    tid = {r.request_id: i + 1 for i, r in enumerate(requests)}
+
+    def track(rid: int) -> int:
+        if rid not in tid:
+            tid[rid] = len(tid) + 1
+        return tid[rid]
+
+    def close(rid: int, t: int) -> None:
+        if rid in open_span:
+            phase, start = open_span.pop(rid)
+            out.append(dict(ph="X", pid=REQUESTS_PID, tid=track(rid), name=phase, ts=start,
+                            dur=max(0, t - start), cat="request", args=dict(request=rid)))
+
+    def enter(rid: int, phase: int, t: int) -> None:
+        if rid in open_span:
+            t = max(t, open_span[rid][1])
+            close(rid, t)
+        open_span[rid] = (phase, t)
+
+    def instant(rid: int, name: str, t: int, e) -> None:
+        out.append(dict(ph="i", s="t", pid=REQUESTS_PID, tid=track(rid), name=name, ts=t,
+                        cat=e.kind, args=dict(step=e.step, detail=e.detail)))
+
+    for r in requests:
+        if r.parent_id is None:
+            open_span[r.request_id] = ("queued", us(r.arrival_s))
+    for e in events:
+        rid, kind = e.request_id, e.kind
+        if rid is None or rid in done:
+            continue
+        t = us_ns(e.time_ns)
+        if kind == ev.ARRIVED and rid not in open_span:
+            enter(rid, "queued", t)
+        elif kind == ev.ADMITTED:
+            enter(rid, "recompute" if rid in preempted else "prefill", t)
+        elif kind == ev.PREFILL:
+            last_prefill[rid] = t
+        elif kind == ev.DECODE:
+            phase = open_span.get(rid, ("", 0))[0]
+            if phase != "decode":
+                enter(rid, "decode", last_prefill.get(rid, t))
+        elif kind == ev.FORKED:
+            enter(rid, "decode", t)
+        elif kind == ev.PREEMPTED:
+            enter(rid, "preempted", t)
+            preempted.add(rid)
+            instant(rid, "preempted", t, e)
+        elif kind in (ev.FINISHED, ev.CANCELLED, ev.REJECTED):
+            done.add(rid)
+            if rid in open_span:
+                close(rid, max(t, open_span[rid][1]))
+            if kind != ev.FINISHED:
+                instant(rid, kind, t, e)
+    for rid in list(open_span):  # still running when the recording stopped
+        close(rid, max(end_of_session, open_span[rid][1]))
+    for rid, t in sorted(tid.items(), key=lambda kv: kv[1]):
+        r = by_id.get(rid)
+        name = f"request {rid}"
+        if r is not None and r.parent_id is not None:
+            name += f" (sample {r.sample_index} of {r.parent_id})"
+        out.append(dict(ph="M", pid=REQUESTS_PID, tid=t, name="thread_name",
+                        args=dict(name=name)))
+        out.append(dict(ph="M", pid=REQUESTS_PID, tid=t, name="thread_sort_index",
+                        args=dict(sort_index=t)))
+    return out
+
+
+def export_chrome_trace(session, out_path: str | os.PathLike) -> Path:
+    """`kvscope export SESSION --chrome-trace OUT.json`."""
+    reader, owned = _open(session)
+    try:
+        trace = chrome_trace(reader)
+    finally:
+        if owned:
+            reader.close()
+    out = Path(out_path)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(trace, f, separators=(",", ":"))
+    return out
+
+
+def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
+    """`kvscope export SESSION --csv DIR`: DIR/requests.csv and DIR/steps.csv."""
+    reader, owned = _open(session)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        req_path = out / "requests.csv"
+        names = [f.name for f in fields(RecordedRequest)]
+        with open(req_path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(names)
+            for r in reader.requests():
+                row = list(astuple(r))
+                row[names.index("params")] = json.dumps(r.params)
+                w.writerow(row)
+        steps_path = out / "steps.csv"
+        cols, rows = reader.step_table()
+        with open(steps_path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            w.writerows(rows)
+    finally:
+        if owned:
+            reader.close()
+    return [req_path, steps_path]

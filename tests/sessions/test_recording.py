@@ -1,0 +1,204 @@
+"""Record real engine runs and replay them: every step's snapshot equals the live one."""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+from session_testutil import drive, make_engine, snapshot_digest
+
+from kvscope.engine import SamplingParams
+from kvscope.engine import events as ev
+from kvscope.sessions import Recorder, SessionReader
+from kvscope.sessions.recorder import Recorder as _Recorder
+
+
+def record(tmp_path, model_dir, name="run.kvscope", **rec_kw):
+    engine = make_engine(model_dir)
+    live = []
+    path = tmp_path / name
+    with Recorder(path, engine, **rec_kw) as rec:
+        drive(engine, on_step=lambda e: live.append(e.snapshot()))
+    return engine, live, path, rec
+
+
+@pytest.mark.parametrize("keyframe_every", [7, 10_000])
+def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, keyframe_every):
+    engine, live, path, rec = record(tmp_path, tiny_model_dir, keyframe_every=keyframe_every)
+    status = rec.status()
+    assert status.error is None and status.steps_written == len(live) == engine.num_steps
+    with SessionReader(path) as s:
+        assert s.meta.complete and s.meta.block_size == 4 and s.meta.num_blocks == 40
+        assert (s.first_step, s.last_step) == (0, len(live) - 1)
+        kinds = {e.kind for e in s.events_between(s.first_step, s.last_step)}
+        assert set(ev.BLOCK_EVENTS) <= kinds, set(ev.BLOCK_EVENTS) - kinds  # all exercised
+        assert {ev.PREEMPTED, ev.CANCELLED, ev.REJECTED} <= kinds
+        # In order (the playback cursor), then in random order (keyframe + replay each time).
+        assert [f.snapshot.step for f in s.playback()] == [x.step for x in live]
+        for frame, want in zip(s.playback(), live, strict=True):
+            assert frame.snapshot.equals(want), f"step {want.step}"
+        order = list(range(len(live)))
+        random.Random(0).shuffle(order)
+        for i in order:
+            assert s.snapshot_at(i).equals(live[i]), f"step {i}"
+        assert s.verify() == []
+        assert s.steps() == engine.step_records
+        if keyframe_every == 7:
+            assert s.keyframe_steps == list(range(0, len(live), 7))
+        else:
+            assert s.keyframe_steps == [0]
+
+
+def test_requests_table_matches_the_engine(tmp_path, tiny_model_dir):
+    engine, _, path, _ = record(tmp_path, tiny_model_dir)
+    with SessionReader(path) as s:
+        rows = {r.request_id: r for r in s.requests()}
+    assert rows.keys() == engine.requests.keys()
+    digests = {}
+    for rid, req in engine.requests.items():
+        row, m = rows[rid], req.metrics
+        assert (row.parent_id, row.sample_index) == (req.parent_id, req.sample_index)
+        assert row.prompt_tokens == len(req.prompt_token_ids)
+        assert row.output_tokens == len(req.output_token_ids)
+        assert row.cached_tokens == m.cached_tokens
+        assert row.status == req.status.value
+        assert (row.finish_reason, row.error) == (req.finish_reason, req.error)
+        assert (row.arrival_s, row.first_scheduled_s, row.first_token_s, row.finished_s) == \
+            (m.arrival_s, m.first_scheduled_s, m.first_token_s, m.finished_s)
+        assert (row.ttft_s, row.tpot_s, row.num_preemptions) == \
+            (m.ttft_s, m.tpot_s, m.num_preemptions)
+        assert row.params["max_tokens"] == req.params.max_tokens
+        assert row.prompt_text is None and row.output_text is None
+        if req.cache_salt is None:
+            assert row.salt_digest is None
+        else:  # one digest per salt, within the session
+            assert digests.setdefault(req.cache_salt, row.salt_digest) == row.salt_digest
+    assert len(set(digests.values())) == len(digests) == 2
+    assert sum(r.num_preemptions for r in rows.values()) > 0
+    assert {r.finish_reason for r in rows.values()} >= {"length", "cancelled", "rejected"}
+
+
+def test_prompt_text_and_salt_are_stored_only_with_the_opt_in(tmp_path):
+    from kvscope.engine import Engine, EngineConfig
+
+    secret = "Zebra quartz umbrella 4417 is the passphrase"
+    salt = "tenant-secret-salt-31337"
+    for record_text in (False, True):
+        engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=64))
+        path = tmp_path / f"text-{record_text}.kvscope"
+        with Recorder(path, engine, record_text=record_text):
+            engine.generate([secret], SamplingParams(max_tokens=4), cache_salt=salt)
+        assert not (tmp_path / f"{path.name}-wal").exists()
+        data = path.read_bytes()
+        assert salt.encode() not in data
+        with SessionReader(path) as s:
+            (row,) = s.requests()
+        if record_text:
+            assert secret.encode() in data and row.prompt_text.strip() == secret
+            assert row.output_text is not None
+        else:
+            for needle in (secret, "Zebra", "passphrase"):
+                assert needle.encode() not in data and needle.encode("utf-16-le") not in data
+            assert row.prompt_text is None and row.output_text is None
+            assert row.prompt_tokens > 0 and row.output_tokens == 4
+
+
+def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
+    engine = make_engine(tiny_model_dir, num_blocks=64)
+    rec = Recorder(tmp_path / "gen.kvscope", engine).start()
+    assert "step" in vars(engine)
+    engine.generate([[5, 6, 7, 8, 9, 10]] * 3, SamplingParams(max_tokens=5, ignore_eos=True))
+    rec.close()
+    assert "step" not in vars(engine)
+    engine.step()  # no longer recorded, and nothing breaks
+    assert rec.status().steps_written == engine.num_steps - 1
+    assert rec.close().steps_written == engine.num_steps - 1  # idempotent
+
+
+def test_a_slow_writer_is_reported_and_nothing_is_dropped(tmp_path, tiny_model_dir, caplog,
+                                                          monkeypatch):
+    slow = _Recorder._write
+
+    def write(self, batch, state):
+        time.sleep(0.3)
+        slow(self, batch, state)
+
+    monkeypatch.setattr(_Recorder, "_write", write)
+    engine = make_engine(tiny_model_dir)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="kvscope.sessions"):
+        rec = Recorder(tmp_path / "slow.kvscope", engine, lag_steps=5, flush_interval_s=0.01)
+        rec.start()
+        drive(engine, max_steps=40, on_step=lambda e: seen.append(rec.status().lagging))
+        status = rec.close()
+    assert any(seen) and status.lag_episodes >= 1 and status.max_backlog_steps > 5
+    assert "falling behind" in caplog.text
+    assert status.steps_written == engine.num_steps and status.error is None
+    with SessionReader(tmp_path / "slow.kvscope") as s:
+        assert s.num_steps == engine.num_steps and s.meta.recorder_stats["lag_episodes"] >= 1
+
+
+def test_a_failing_writer_stops_recording_but_never_the_engine(tmp_path, tiny_model_dir,
+                                                               monkeypatch):
+    def write(self, batch, state):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(_Recorder, "_write", write)
+    engine = make_engine(tiny_model_dir)
+    rec = Recorder(tmp_path / "fail.kvscope", engine, flush_interval_s=0.01).start()
+    drive(engine, max_steps=30)
+    status = rec.close()
+    assert engine.num_steps >= 30 and status.error == "OSError: disk full"
+    with SessionReader(tmp_path / "fail.kvscope") as s:  # the header and metadata are there
+        assert s.num_steps == 0 and not s.meta.complete
+
+
+def test_a_session_being_recorded_can_be_read(tmp_path, tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    path = tmp_path / "live.kvscope"
+    live = []
+    rec = Recorder(path, engine, flush_interval_s=0.01, keyframe_every=5).start()
+    drive(engine, max_steps=30, on_step=lambda e: live.append(e.snapshot()))
+    deadline = time.monotonic() + 10
+    while rec.status().steps_written < 30 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with SessionReader(path) as s:
+        assert not s.meta.complete and s.num_steps == 30
+        assert all(s.snapshot_at(i).equals(live[i]) for i in range(30))
+    rec.close()
+
+
+def test_refuses_to_overwrite_and_needs_events(tmp_path, tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    path = tmp_path / "x.kvscope"
+    path.write_bytes(b"keep me")
+    with pytest.raises(FileExistsError):
+        Recorder(path, engine).start()
+    assert path.read_bytes() == b"keep me"
+    quiet = make_engine(tiny_model_dir, record_events=False)
+    with pytest.raises(ValueError, match="record_events"):
+        Recorder(tmp_path / "y.kvscope", quiet).start()
+
+
+def test_reading_a_session_never_imports_torch(tmp_path, tiny_model_dir):
+    _, live, path, _ = record(tmp_path, tiny_model_dir)
+    code = (
+        "import sys\n"
+        "from kvscope.sessions import SessionReader\n"
+        "from kvscope.sessions.export import chrome_trace\n"
+        f"s = SessionReader({str(path)!r})\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from session_testutil import snapshot_digest\n"
+        "print(snapshot_digest(s.snapshot_at(s.last_step - 3)))\n"
+        "chrome_trace(s)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    here = str(__import__("pathlib").Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == snapshot_digest(live[-4])
