@@ -246,11 +246,13 @@ class CapacityPanel(QWidget):
                 grid.setColumnStretch(col, int(col % 2 == 1 and col < 2 * per_row))
 
     # ------------------------------------------------------------------ input
-    def set_model_config(self, config, name: str) -> bool:
+    def set_model_config(self, config, name: str, cache_dtype=None) -> bool:
         """Show the numbers for a config.json dict (or an engine ModelConfig) called name.
 
-        An invalid config shows the reason in the panel, emits error_occurred and keeps the
-        previous numbers; returns whether the config was used."""
+        cache_dtype (optional: a name such as "float32" or a torch dtype, e.g. the engine's
+        ``runner.cache_dtype``) preselects the precision the engine really stores; by default
+        it is the checkpoint's dtype. An invalid config shows the reason in the panel, emits
+        error_occurred and keeps the previous numbers; returns whether the config was used."""
         try:
             shape = KVShape.from_any(config)
         except (InvalidConfigError, KeyError, TypeError) as e:
@@ -265,7 +267,7 @@ class CapacityPanel(QWidget):
             self.preset_box.setItemData(index, config)
         self.preset_box.setCurrentIndex(index)
         self.preset_box.blockSignals(False)
-        self._use(shape, name)
+        self._use(shape, name, cache_dtype)
         return True
 
     def load_config_path(self, path: str | Path) -> bool:
@@ -295,13 +297,20 @@ class CapacityPanel(QWidget):
         if index >= 0:
             self.set_model_config(self.preset_box.itemData(index), self.preset_box.itemText(index))
 
-    def _use(self, shape: KVShape, name: str) -> None:
+    def _use(self, shape: KVShape, name: str, cache_dtype=None) -> None:
         self.shape, self.model_name = shape, name
         self.error_label.hide()
+        b, engine_cache = shape.bytes_per_element, ""
+        if cache_dtype is not None:
+            try:
+                b = cap.element_bytes(str(cache_dtype))
+                engine_cache = f" · engine cache {str(cache_dtype).removeprefix('torch.')}"
+            except ValueError:
+                pass
         self.dtype_box.blockSignals(True)
-        self.dtype_box.setCurrentText(cap.precision_name(shape.bytes_per_element))
+        self.dtype_box.setCurrentText(cap.precision_name(b))
         self.dtype_box.blockSignals(False)
-        self.source_label.setText(f"<b>{name}</b>: {shape.describe()}")
+        self.source_label.setText(f"<b>{name}</b>: {shape.describe()}{engine_cache}")
         self.source_label.setToolTip("Read from config.json: num_hidden_layers, "
                                      "num_attention_heads, num_key_value_heads, head_dim (or "
                                      "hidden_size / num_attention_heads), dtype")

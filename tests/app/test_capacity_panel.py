@@ -142,6 +142,18 @@ def test_plot_has_one_curve_per_variant_and_the_memory_line(panel):
     assert len(panel.plot.plotItem.listDataItems()) == 2
 
 
+def test_the_engines_model_config_and_cache_dtype(panel):
+    from kvscope.engine.models.config import ModelConfig
+
+    demo = ModelConfig.from_hf_dict(LLAMA_31_8B)
+    assert panel.set_model_config(demo, "demo", cache_dtype="torch.float32")
+    assert panel.dtype_box.currentText() == "fp32"
+    assert "engine cache float32" in panel.source_label.text()
+    assert panel.bytes_per_token_label.text() == "262,144 B = 256 KiB"
+    assert panel.set_model_config(LLAMA_31_8B, "Llama 3.1 8B")
+    assert panel.dtype_box.currentText() == "16-bit"
+
+
 def test_presets_and_a_narrow_dock(panel, qtbot):
     panel.preset_box.setCurrentText("70B GQA (Llama 3.1 70B)")
     assert panel.bytes_per_token_label.text() == "327,680 B = 320 KiB"
