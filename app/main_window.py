@@ -24,8 +24,10 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_worker import EngineWorker, Frame
+from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
+from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.requests_panel import RequestsPanel
@@ -88,11 +90,15 @@ class MainWindow(QMainWindow):
         self.details = DetailsPanel()
         self.timeline = Timeline()
         self.events = EventsPanel()
+        self.capacity = CapacityPanel()
+        self.device = DevicePanel()
         self.docks = {}
         for name, title, widget, area in [
             ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
             ("composer", "Prompt", self.composer, Qt.LeftDockWidgetArea),
             ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
+            ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
+            ("device", "Device", self.device, Qt.RightDockWidgetArea),
             ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
             ("events", "Events", self.events, Qt.BottomDockWidgetArea),
         ]:
@@ -102,7 +108,10 @@ class MainWindow(QMainWindow):
             self.addDockWidget(area, dock)
             self.docks[name] = dock
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
+        self.tabifyDockWidget(self.docks["details"], self.docks["capacity"])
+        self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.docks["timeline"].raise_()
+        self.docks["details"].raise_()
 
     def _build_toolbar(self) -> None:
         tb = self.addToolBar("Main")
@@ -202,6 +211,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState())
         self.pause_requested.emit()
+        self.device.stop()
         self.thread.quit()
         self.thread.wait(5000)
         super().closeEvent(event)
@@ -298,6 +308,8 @@ class MainWindow(QMainWindow):
         self.progress.reset()
         self.engine = engine
         self.snapshot = None
+        self.capacity.set_model_config(engine.loaded.config, self.model_name,
+                                       engine.runner.cache_dtype)
         self._demo_started = False
         self.timeline.clear()
         self.events.clear()

@@ -161,3 +161,9 @@ def test_the_dock_layout_is_remembered(qtbot, tmp_path):
     assert not second.docks["events"].isVisible()
     assert second.docks["requests"].isVisible()
     second.close()
+
+
+def test_the_capacity_tab_describes_the_loaded_model_as_the_engine_allocates_it(window):
+    per_token = window.engine.runner.kv_bytes_per_token  # from the real cache tensor
+    assert window.capacity.bytes_per_token_label.text().startswith(f"{per_token:,} B")
+    assert window.docks["capacity"].isVisible() or window.docks["details"].isVisible()
