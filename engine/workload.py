@@ -302,20 +302,24 @@ class WorkloadRunner:
 
     def advance(self) -> float | None:
         """Submit every request that is due, then run one engine step if there is work.
-        Returns None when the workload is done, 0.0 to be called again at once, or the seconds
-        until the next arrival when the engine is idle."""
+        Returns None when the workload is done (other requests on a shared engine may still
+        be running), 0.0 to be called again at once, or the seconds until the next arrival when
+        the engine is idle."""
         if self.result is None:
             self.start()
+        if self.result.cancelled:
+            return None
         self._submit_due()
+        if self._num_done == self.total:
+            return self._finish()
         if self.engine.has_unfinished():
             self._collect(self.engine.step())
             return 0.0
-        if not self._pending:
-            return self._finish()
         wait = self._next_due() - self.clock()
-        if math.isinf(wait):  # only followers of unfinished requests: cannot happen when idle
-            raise RuntimeError("workload stalled: followers wait on requests that are not "
-                               "running")
+        if math.isinf(wait):  # the engine is idle, yet some of our requests never reported
+            raise RuntimeError("workload stalled: the engine is idle but requests of this "
+                               "workload did not finish through this runner (was the engine "
+                               "stepped by someone else?)")
         return max(0.0, wait)
 
     def run(self) -> WorkloadResult:
@@ -333,10 +337,16 @@ class WorkloadRunner:
             line.skipped = "the run was stopped before it was submitted"
             self._num_done += 1
         self._pending = []
-        for rid, line in self._by_rid.items():
-            if not line.done:
-                self.engine.cancel(rid)
-        while self.engine.has_unfinished():
+        reqs = self.engine.requests
+        inflight = [line for line in self._by_rid.values() if not line.done]
+        for line in inflight:
+            root = line.request_id
+            for rid in [root] + [r for r, q in reqs.items() if q.parent_id == root]:
+                if not reqs[rid].finished:
+                    self.engine.cancel(rid)
+        # The cancellations are reported by the next step; other users' requests (on a shared
+        # engine) are left to their owner.
+        while any(not line.done for line in inflight) and self.engine.has_unfinished():
             self._collect(self.engine.step())
         self._finish()
 
@@ -348,7 +358,7 @@ class WorkloadRunner:
         return due
 
     def _next_due(self) -> float:
-        return min(self._due_s(x) for x in self._pending)
+        return min((self._due_s(x) for x in self._pending), default=math.inf)
 
     def _submit_due(self) -> None:
         now = self.clock()

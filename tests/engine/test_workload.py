@@ -287,20 +287,25 @@ def test_followers_of_a_rejected_request_are_skipped(tiny_engine):
 def test_stop_cancels_in_flight_and_skips_the_rest(tiny_engine):
     engine = tiny_engine()
     w = parse_workload(jsonl(
-        {"prompt_ids": ids(8), "max_tokens": 50, "ignore_eos": True},
+        {"prompt_ids": ids(8), "max_tokens": 50, "ignore_eos": True, "n": 2, "seed": 1,
+         "temperature": 1.0},
         {"prompt_ids": ids(9), "max_tokens": 50, "ignore_eos": True},
         {"arrival_s": 3600, "prompt_ids": ids(10), "max_tokens": 5},
     ))
     runner = WorkloadRunner(engine, w)
     for _ in range(5):
         assert runner.advance() == 0.0
+    other = engine.add_request(ids(7), SamplingParams(max_tokens=40, ignore_eos=True))
     runner.stop()
     res = runner.result
-    assert res.cancelled and not engine.has_unfinished()
-    assert [x.outputs[0].finish_reason for x in res.lines[:2]] == ["cancelled", "cancelled"]
+    assert res.cancelled
+    assert [[o.finish_reason for o in x.outputs] for x in res.lines[:2]] == \
+        [["cancelled", "cancelled"], ["cancelled"]]  # the forked sample too
     assert res.lines[2].skipped and res.lines[2].request_id is None
+    # a request that is not the workload's is left running
+    assert not engine.requests[other].finished and engine.has_unfinished()
     s = summarize(engine, res)
-    assert (s.num_finished, s.num_cancelled, s.num_skipped) == (0, 2, 1)
+    assert (s.num_finished, s.num_cancelled, s.num_skipped) == (0, 3, 1)
     assert runner.advance() is None
 
 
@@ -333,3 +338,14 @@ def test_summary_matches_the_engine_records(tiny_engine):
     assert 0 < s.output_tokens_per_s < s.total_tokens_per_s
     ttfts = sorted(r.metrics.ttft_s for r in engine.requests.values() if r.parent_id is None)
     assert s.ttft_p50_s == pytest.approx((ttfts[3] + ttfts[4]) / 2)
+
+
+def test_a_runner_that_misses_its_outputs_says_so(tiny_engine):
+    engine = tiny_engine()
+    runner = WorkloadRunner(engine, parse_workload(jsonl({"prompt_ids": ids(5),
+                                                          "max_tokens": 2})))
+    runner.advance()
+    while engine.has_unfinished():  # someone else steps the engine
+        engine.step()
+    with pytest.raises(RuntimeError, match="workload stalled"):
+        runner.advance()
