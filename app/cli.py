@@ -2,7 +2,8 @@
 
     kvscope run --workload FILE [--model demo] [engine options]   # headless, prints a summary
     kvscope generate [--model demo] "prompt" [sampling options]   # prints the generated text
-    kvscope                                                         # see default_action()
+    kvscope gui [--model demo]                                      # the desktop application
+    kvscope                                                         # the same: default_action()
 
 Errors a user can cause (a model that does not load, a bad workload line, a bad option value)
 print one line to stderr and exit with status 2. No Qt here: the GUI is imported lazily.
@@ -35,9 +36,15 @@ class CliError(Exception):
 
 
 def default_action() -> int:
-    """What a bare `kvscope` does. For now: run the shared-system-prompt demo workload
-    headless and print its summary. (The GUI will take this over.)"""
-    return main(["run", "--model", DEFAULT_MODEL, "--workload", DEFAULT_WORKLOAD])
+    """What a bare `kvscope` does: open the window on the demo model, the demo workload one
+    key (F5) away."""
+    return main(["gui"])
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    from kvscope.app.gui import run_gui  # Qt is imported only here
+
+    return run_gui(args.model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,9 +66,15 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvscope", description="A KV-cache inspector with a real paged-KV inference engine. "
-        "Without a command: run the shared-system-prompt demo workload and print its summary.")
+        "Without a command: open the desktop application on the demo model.")
     parser.add_argument("--version", action="version", version=f"kvscope {_version()}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    gui = sub.add_parser("gui", help="open the desktop application (the default)",
+                         description="Open the kvscope window with a model loaded.")
+    gui.add_argument("--model", default=DEFAULT_MODEL,
+                     help="demo, a local model folder, or a repo id in the local HF cache")
+    gui.set_defaults(func=cmd_gui)
 
     run = sub.add_parser("run", help="run a workload headless and print a summary",
                          description="Run a workload file (JSON Lines; see "

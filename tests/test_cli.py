@@ -97,13 +97,23 @@ def test_run_eviction_pressure_on_a_small_pool_with_progress(engines, capsys):
     assert err.endswith("\n")
 
 
-def test_bare_kvscope_runs_the_shared_system_prompt_demo(engines, capsys):
-    assert cli.main([]) == 0
+def test_shipped_demo_workload_runs_headless(engines, capsys):
+    assert cli.main(["run", "--workload", cli.DEFAULT_WORKLOAD, "--no-progress"]) == 0
     out, _ = capsys.readouterr()
     (engine,) = engines
     assert "shared_system_prompt.jsonl: demo on cpu" in out
     check_summary_against_engine(out, engine)
     assert numbers(row(out, "request hit rate"))[1:] == [11, 12]
+
+
+def test_bare_kvscope_opens_the_window_on_the_demo_model(monkeypatch):
+    import kvscope.app.gui as gui
+
+    opened = []
+    monkeypatch.setattr(gui, "run_gui", lambda model: opened.append(model) or 0)
+    assert cli.main([]) == 0
+    assert cli.main(["gui", "--model", "/some/folder"]) == 0
+    assert opened == ["demo", "/some/folder"]
 
 
 def test_generate_prints_the_engines_text(engines, capsys):
