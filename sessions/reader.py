@@ -204,11 +204,9 @@ class SessionReader:
             complete=bool(row["complete"]), closed_at=row["closed_at"],
             recorder_stats=json.loads(row["recorder_stats"]) if row["recorder_stats"] else None)
         conn.row_factory = None
-        index = conn.execute(
-            "SELECT step, captured, first_event, num_events FROM steps ORDER BY step").fetchall()
+        index = conn.execute("SELECT step, captured FROM steps ORDER BY step").fetchall()
         self._steps = [r[0] for r in index]
         self._captured = {r[0] for r in index if r[1]}
-        self._event_range = {r[0]: (r[2], r[3]) for r in index}
         if self._steps and self._steps[-1] - self._steps[0] + 1 != len(self._steps):
             raise CorruptSessionError(f"{self.path}: damaged session: steps are not contiguous")
         self.keyframe_steps = [r[0] for r in conn.execute(
@@ -276,30 +274,30 @@ class SessionReader:
 
     def step_table(self) -> tuple[list[str], list[tuple]]:
         """Every column of the steps table except the internal ones: (names, rows)."""
-        cols = [c for c in self._step_columns if c not in ("nct", "captured", "first_event")]
+        cols = [c for c in self._step_columns if c not in ("nct", "captured")]
         return cols, self._query(f"SELECT {', '.join(cols)} FROM steps ORDER BY step")
 
     def events_between(self, first: int, last: int) -> list[Event]:
         """Events published by steps first..last (inclusive), in order. An event's own `step` is
         the step the engine stamped on it (one step earlier for a cancel between steps)."""
-        rng = self._event_id_range(first, last)
-        if rng is None:
-            return []
-        rows = self._query("SELECT kind, event_step, request_id, blocks, hashes, time_ns, detail "
-                           "FROM events WHERE id >= ? AND id < ? ORDER BY id", rng)
-        return [_event(r) for r in rows]
+        return [Event(k, st, rid, blocks, t, hashes, detail)
+                for _, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last)]
 
     def events_at(self, step: int) -> list[Event]:
         return self.events_between(step, step)
 
-    def _event_id_range(self, first: int, last: int) -> tuple[int, int] | None:
-        if not self._steps:
-            return None
-        first, last = max(first, self.first_step), min(last, self.last_step)
-        if first > last:
-            return None
-        start, n = self._event_range[last]
-        return self._event_range[first][0], start + n
+    def _events(self, first: int, last: int, kinds=None) -> list[tuple[int, tuple]]:
+        """(published step, event tuple) pairs, optionally only of some kinds."""
+        rows = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "
+                           "WHERE step BETWEEN ? AND ? ORDER BY step", (first, last))
+        out = []
+        try:
+            for row in rows:
+                out += [(row[0], e) for e in schema.unpack_events(row, kinds)]
+        except (ValueError, IndexError, TypeError) as e:
+            raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
+                                      f"{e}") from e
+        return out
 
     # ---------------------------------------------------------------- replay
     def snapshot_at(self, step: int) -> Snapshot:
@@ -354,17 +352,19 @@ class SessionReader:
         totals_cols = list(TOTALS.values())
         rows = self._query(f"SELECT step, nct, captured, {', '.join(totals_cols)} FROM steps "
                            "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
-        events = self.events_between(first, step)
-        lo = self._event_range[first][0]
-        nct = dict(cur.nct)
-        for s, blob, captured, *totals in rows:
-            start, n = self._event_range[s]
-            for e in events[start - lo:start - lo + n]:
-                cur.apply(e)
-            if not captured:
-                continue  # only the block events are known; the next keyframe resynchronises
-            schema.apply_nct_delta(nct, blob)
-            cur.end_step(s, dict(nct), dict(zip(TOTALS, totals, strict=True)))
+        events = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "
+                             "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
+        i, n = 0, len(events)
+        try:
+            for s, blob, captured, *totals in rows:
+                while i < n and events[i][0] == s:
+                    cur.apply_packed(events[i])
+                    i += 1
+                if not captured:
+                    continue  # only the block events are known; the next keyframe resyncs
+                cur.end_step(s, schema.decode_nct(blob), dict(zip(TOTALS, totals, strict=True)))
+        except (ValueError, IndexError, TypeError, KeyError) as e:
+            raise CorruptSessionError(f"{self.path}: damaged steps {first}..{step}: {e}") from e
         cur.step = step
 
     def playback(self, first: int | None = None, last: int | None = None) -> Iterator[Frame]:
@@ -398,12 +398,6 @@ class SessionReader:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
             raise _db_error(self.path, e) from e
-
-
-def _event(r) -> Event:
-    kind, step, rid, blocks, hashes, t, detail = r
-    return Event(kind, step, rid, schema.unpack_i32(blocks), t, schema.unpack_u64(hashes),
-                 detail or "")
 
 
 def _db_error(path: Path, e: sqlite3.DatabaseError) -> SessionError:

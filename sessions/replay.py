@@ -13,13 +13,17 @@ returning a wrong snapshot.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
+from itertools import accumulate
 
 import numpy as np
 
 from kvscope.engine import events as ev
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, Snapshot
 from kvscope.sessions.errors import ReplayError
+
+_BLOCK_EVENTS = frozenset(ev.BLOCK_EVENTS)
 
 
 class PoolReplay:
@@ -66,9 +70,30 @@ class PoolReplay:
                 if not hashes[b]:
                     queue.move_to_end(b, last=False)
 
-    def apply(self, e: ev.Event) -> None:
+    def apply_packed(self, row) -> None:
+        """Apply the block events of one packed `events` row (see schema.pack_events)."""
+        _, n, kinds, steps, rids, _, nb, blocks, nh, hashes, _ = row
+        kinds = kinds.split("\n")
+        idx = [i for i, k in enumerate(kinds) if k in _BLOCK_EVENTS]
+        if not idx:
+            return
+        steps, rids = array("q", steps), array("q", rids)
+        nb, nh = array("i", nb), array("i", nh)
+        b_end, h_end = list(accumulate(nb)), list(accumulate(nh))
+        blocks, hashes = array("i", blocks), array("Q", hashes)
+        apply = self.apply
+        for i in idx:
+            be, he = b_end[i], h_end[i]
+            rid = rids[i]
+            apply(kinds[i], steps[i], None if rid < 0 else rid, blocks[be - nb[i]:be],
+                  hashes[he - nh[i]:he])
+
+    def apply_event(self, e: ev.Event) -> None:
+        self.apply(e.kind, e.step, e.request_id, e.blocks, e.hashes)
+
+    def apply(self, kind: str, st: int, rid: int | None, blocks: tuple[int, ...],
+              hashes: tuple[int, ...] = ()) -> None:
         """Apply one event (request events change nothing in the pool)."""
-        kind, st, rid, blocks = e.kind, e.step, e.request_id, e.blocks
         if kind == ev.ALLOCATED:
             queue, ref, last = self.queue, self.ref, self.last_use
             for b in blocks:
@@ -84,7 +109,7 @@ class PoolReplay:
             for b in blocks:
                 self.hash[b] = 0
         elif kind == ev.CACHED:
-            for b, h in zip(blocks, e.hashes, strict=True):
+            for b, h in zip(blocks, hashes, strict=True):
                 self.hash[b] = h
         elif kind in (ev.CACHE_HIT, ev.FORKED):  # a prefix hit, or a child sharing its parent's
             self._take(blocks, st)
@@ -125,29 +150,37 @@ class PoolReplay:
 
     # ---------------------------------------------------------------- output
     def snapshot(self) -> Snapshot:
-        n = self.num_blocks
-        ref = np.array(self.ref, dtype=np.int32)
-        block_hash = np.array(self.hash, dtype=np.uint64)
-        hashed = block_hash != 0
-        state = np.full(n, FREE, dtype=np.uint8)
-        state[hashed] = CACHED
-        state[ref >= 1] = ACTIVE
-        state[ref >= 2] = SHARED
-        lru_rank = np.full(n, -1, dtype=np.int32)
-        lru_rank[np.fromiter(self.queue, dtype=np.int64, count=len(self.queue))] = \
-            np.arange(len(self.queue), dtype=np.int32)
-        owner = np.full(n, -1, dtype=np.int64)
-        for rid in sorted(self.tables, reverse=True):  # the lowest id ends up as the owner
-            owner[self.tables[rid]] = rid
-        num_active = int((ref >= 1).sum())
-        num_cached = int((hashed & (ref == 0)).sum())
-        return Snapshot(
-            step=self.step, block_size=self.block_size, state=state, ref_count=ref, owner=owner,
-            block_hash=block_hash, last_use=np.array(self.last_use, dtype=np.int64),
-            lru_rank=lru_rank,
-            block_tables={r: np.array(t, dtype=np.int32) for r, t in self.tables.items()},
-            num_computed_tokens=dict(self.nct),
-            num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
-            num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
-            **self.totals,
-        )
+        return build_snapshot(self.step, self.block_size, np.array(self.ref, dtype=np.int32),
+                              np.array(self.hash, dtype=np.uint64),
+                              np.array(self.last_use, dtype=np.int64), self.queue, self.tables,
+                              self.nct, self.totals)
+
+
+def build_snapshot(step: int, block_size: int, ref: np.ndarray, block_hash: np.ndarray,
+                   last_use: np.ndarray, queue, tables: dict[int, list[int]],
+                   nct: dict[int, int], totals: dict[str, int]) -> Snapshot:
+    """A Snapshot from pool state, computed exactly as KVCacheManager.snapshot does: `queue` is
+    the free queue in LRU order (head first), `block_hash` the short hashes (0: none)."""
+    n = len(ref)
+    hashed = block_hash != 0
+    state = np.full(n, FREE, dtype=np.uint8)
+    state[hashed] = CACHED
+    state[ref >= 1] = ACTIVE
+    state[ref >= 2] = SHARED
+    lru_rank = np.full(n, -1, dtype=np.int32)
+    lru_rank[np.fromiter(queue, dtype=np.int64, count=len(queue))] = \
+        np.arange(len(queue), dtype=np.int32)
+    owner = np.full(n, -1, dtype=np.int64)
+    for rid in sorted(tables, reverse=True):  # the lowest id ends up as the owner
+        owner[tables[rid]] = rid
+    num_active = int((ref >= 1).sum())
+    num_cached = int((hashed & (ref == 0)).sum())
+    return Snapshot(
+        step=step, block_size=block_size, state=state, ref_count=ref, owner=owner,
+        block_hash=block_hash, last_use=last_use, lru_rank=lru_rank,
+        block_tables={r: np.array(t, dtype=np.int32) for r, t in tables.items()},
+        num_computed_tokens=dict(nct),
+        num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
+        num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
+        **totals,
+    )

@@ -28,7 +28,8 @@ def record(tmp_path, model_dir, name="run.kvscope", **rec_kw):
 
 @pytest.mark.parametrize("keyframe_every", [7, 10_000])
 def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, keyframe_every):
-    engine, live, path, rec = record(tmp_path, tiny_model_dir, keyframe_every=keyframe_every)
+    engine, live, path, rec = record(tmp_path, tiny_model_dir, keyframe_every=keyframe_every,
+                                     keyframe_budget=1.0)  # exactly every K steps
     status = rec.status()
     assert status.error is None and status.steps_written == len(live) == engine.num_steps
     with SessionReader(path) as s:
@@ -123,9 +124,9 @@ def test_a_slow_writer_is_reported_and_nothing_is_dropped(tmp_path, tiny_model_d
                                                           monkeypatch):
     slow = _Recorder._write
 
-    def write(self, batch, state):
+    def write(self, batch):
         time.sleep(0.3)
-        slow(self, batch, state)
+        slow(self, batch)
 
     monkeypatch.setattr(_Recorder, "_write", write)
     engine = make_engine(tiny_model_dir)
@@ -144,7 +145,7 @@ def test_a_slow_writer_is_reported_and_nothing_is_dropped(tmp_path, tiny_model_d
 
 def test_a_failing_writer_stops_recording_but_never_the_engine(tmp_path, tiny_model_dir,
                                                                monkeypatch):
-    def write(self, batch, state):
+    def write(self, batch):
         raise OSError("disk full")
 
     monkeypatch.setattr(_Recorder, "_write", write)

@@ -1,0 +1,227 @@
+"""Session recording and replay: seek latency, recording throughput, engine overhead.
+
+1. Records a session of at least --events engine events (a tiny random Llama on a 16,384-block
+   pool, 64 sequences per step, block size 4, shared prefixes, so allocations, cache hits,
+   evictions and preemptions all happen) and reports the recording rate in events/s, the writer
+   thread's CPU per event (its capacity), the file size and how far behind the writer ever was.
+2. Opens it with SessionReader and times `snapshot_at` for random steps (a fresh reader; random
+   order, so nearly every call decodes a keyframe and replays up to a keyframe interval of
+   events): median / p95 / max. Also the rate of sequential playback.
+3. Runs the same fixed workload with recording off and on, --runs rounds, and prints the
+   engine's throughput with recording on as a ratio of off (time of the stepping loop; starting
+   and closing the recorder are one-off costs of a few ms, outside the loop). Two baselines:
+   "off" is the engine with no observer, "drained" has one subscriber that drops each step's
+   update. The second is the fair one: with no subscriber the engine keeps every event in its
+   EventLog forever, and the garbage collector's full collections over that growing heap slow
+   "off" down. Each round runs the three back to back in a shuffled order; the ratios are the
+   median over rounds and best-of-N (the minimum time of each: other processes only ever add
+   time). Configurations: the tiny model (its steps are the cheapest, so the recorder's share is
+   the largest: the worst case) on a 4,096- and a 16,384-block pool, and the demo model (a real
+   tokenizer; output text is decoded every token).
+
+Run: .venv/bin/python benchmarks/session_seek.py [--events 100000] [--runs 9] [--seeks 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from kvscope.engine.loader import load_model  # noqa: E402
+from kvscope.sessions import Recorder, SessionReader  # noqa: E402
+from kvscope.sessions import recorder as recorder_module  # noqa: E402
+
+
+def tiny_model(folder: Path) -> Path:
+    """A 2-layer random Llama (hidden 64, vocab 320), built locally and saved."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+        architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def add_workload(engine: Engine, num_requests: int, seed: int = 0, vocab: int = 320) -> None:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, vocab) for _ in range(96)]
+    for _ in range(num_requests):
+        prefix = shared[: rng.randrange(0, 96)] if rng.random() < 0.6 else []
+        prompt = prefix + [rng.randrange(3, vocab) for _ in range(rng.randrange(4, 120))]
+        engine.add_request(prompt, SamplingParams(max_tokens=rng.randrange(8, 64),
+                                                  ignore_eos=True))
+
+
+def make_engine(loaded_path, num_blocks: int) -> Engine:
+    return Engine(load_model(loaded_path), EngineConfig(
+        block_size=4, num_blocks=num_blocks, max_num_seqs=64, max_num_batched_tokens=512))
+
+
+class WriterClock:
+    """Sums the writer thread's CPU time inside its batches."""
+
+    def __init__(self):
+        self.cpu_s = 0.0
+        self._orig = recorder_module.Recorder._write
+        clock = self
+
+        def timed(rec, batch):
+            t = time.thread_time()
+            try:
+                clock._orig(rec, batch)
+            finally:
+                clock.cpu_s += time.thread_time() - t
+
+        recorder_module.Recorder._write = timed
+
+    def restore(self) -> None:
+        recorder_module.Recorder._write = self._orig
+
+
+def record_big(model: Path, path: Path, min_events: int) -> None:
+    engine = make_engine(model, 16_384)
+    clock = WriterClock()
+    rec = Recorder(path, engine)
+    rec.start()
+    seed = 0
+    t0 = time.perf_counter()
+    while rec.status().events_captured < min_events or engine.has_unfinished():
+        if not engine.has_unfinished():
+            add_workload(engine, 200, seed=seed)
+            seed += 1
+        engine.step()
+    wall = time.perf_counter() - t0
+    status = rec.close()
+    clock.restore()
+    print(f"recorded {status.events_written:,} events over {status.steps_written:,} steps in "
+          f"{wall:.1f} s: {status.events_written / wall:,.0f} events/s "
+          f"(bounded by the engine; {engine.num_steps / wall:.0f} steps/s)")
+    print(f"  writer thread CPU: {clock.cpu_s * 1e6 / status.events_written:.2f} us per event "
+          f"(capacity ~{status.events_written / clock.cpu_s:,.0f} events/s), "
+          f"{status.keyframes_written} keyframes, max backlog {status.max_backlog_steps} steps, "
+          f"lagging episodes {status.lag_episodes}")
+    print(f"  file: {path.stat().st_size / 1e6:.1f} MB "
+          f"({path.stat().st_size / status.events_written:.0f} bytes per event, keyframes "
+          "included)")
+
+
+def seek(path: Path, n: int) -> None:
+    with SessionReader(path) as s:
+        steps = list(s.step_numbers)
+        rng = random.Random(1)
+        sample = [rng.choice(steps) for _ in range(n)]
+        s.snapshot_at(sample[0])  # sqlite page cache warm-up, as after opening in the GUI
+        times = []
+        for step in sample:
+            t = time.perf_counter()
+            s.snapshot_at(step)
+            times.append(time.perf_counter() - t)
+        times.sort()
+        p95 = times[int(0.95 * (len(times) - 1))]
+        kf = s.keyframe_steps
+        gaps = [b - a for a, b in zip(kf, kf[1:], strict=False)] or [0]
+        print(f"snapshot_at, {n} random steps of {len(steps):,} ({s.meta.num_blocks:,} blocks, "
+              f"keyframes every {statistics.median(gaps):.0f} steps (median)): median "
+              f"{statistics.median(times) * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms, "
+              f"max {times[-1] * 1e3:.1f} ms (target < 50 ms)")
+        first = steps[len(steps) // 2]
+        last = min(steps[-1], first + 199)
+        t = time.perf_counter()
+        frames = sum(1 for _ in s.playback(first, last))
+        dt = time.perf_counter() - t
+        print(f"sequential playback: {frames / dt:,.0f} frames/s ({dt / frames * 1e3:.2f} ms "
+              "per frame with its events and snapshot)")
+
+
+def engine_run(model, num_blocks: int, num_requests: int, mode: str,
+               demo: bool = False, tmp: Path | None = None) -> float:
+    """Seconds the engine takes to step through a fixed workload. mode: "off" (no observer),
+    "drained" (a subscriber that drops every update: the events are freed each step), "on"
+    (recording). Starting and closing the recorder are outside the timed loop (see main)."""
+    if demo:
+        engine = Engine.from_pretrained("demo", EngineConfig(
+            num_blocks=num_blocks, max_num_seqs=32, max_num_batched_tokens=512))
+        add_workload(engine, num_requests, vocab=2000)
+    else:
+        engine = make_engine(model, num_blocks)
+        add_workload(engine, num_requests)
+    sub = engine.subscribe() if mode == "drained" else None
+    rec = None
+    if mode == "on":
+        rec = Recorder(tempfile.mktemp(suffix=".kvscope", dir=tmp), engine).start()
+    t = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        if sub is not None:
+            sub.drain()
+    wall = time.perf_counter() - t
+    if rec is not None:
+        status = rec.close()
+        assert status.error is None and status.steps_written == engine.num_steps, status
+        os.remove(rec.path)
+    return wall
+
+
+def overhead(model: Path, tmp: Path, runs: int) -> None:
+    print(f"engine throughput with recording on, as a ratio of off ({runs} rounds per "
+          "configuration, each round runs off / drained / on back to back in a shuffled order)")
+    configs = [("tiny model, 4,096 blocks", 4096, 200, False),
+               ("tiny model, 16,384 blocks", 16384, 200, False),
+               ("demo model, 2,048 blocks", 2048, 40, True)]
+    for name, blocks, reqs, demo in configs:
+        engine_run(model, blocks, 20, "off", demo)  # warm-up (allocator, caches)
+        times = {"off": [], "drained": [], "on": []}
+        for i in range(runs):
+            order = list(times)
+            random.Random(i).shuffle(order)
+            for mode in order:
+                times[mode].append(engine_run(model, blocks, reqs, mode, demo, tmp))
+        vs_off = [a / b for a, b in zip(times["off"], times["on"], strict=True)]
+        vs_drained = [a / b for a, b in zip(times["drained"], times["on"], strict=True)]
+        print(f"  {name}: off {statistics.median(times['off']):.2f} s, drained "
+              f"{statistics.median(times['drained']):.2f} s, on "
+              f"{statistics.median(times['on']):.2f} s (medians)")
+        print(f"    on/off      median of rounds {statistics.median(vs_off):.3f}, "
+              f"best-of-{runs} {min(times['off']) / min(times['on']):.3f}  "
+              f"[{' '.join(f'{r:.2f}' for r in vs_off)}]")
+        print(f"    on/drained  median of rounds {statistics.median(vs_drained):.3f}, "
+              f"best-of-{runs} {min(times['drained']) / min(times['on']):.3f}  "
+              f"[{' '.join(f'{r:.2f}' for r in vs_drained)}]")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--seeks", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs, torch threads {args.threads}")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        model = tiny_model(tmp / "tiny")
+        session = tmp / "big.kvscope"
+        record_big(model, session, args.events)
+        seek(session, args.seeks)
+        overhead(model, tmp, args.runs)
+
+
+if __name__ == "__main__":
+    main()
