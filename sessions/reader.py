@@ -139,11 +139,13 @@ class SessionReader:
                 f"{p}: truncated: {size} bytes, but its header says {pages} pages of "
                 f"{page_size} bytes ({pages * page_size} bytes)")
         try:
-            conn = self._connect(p)
-        except sqlite3.OperationalError:
-            if not has_wal:
-                raise
-            conn = self._connect_copy(p)  # e.g. a read-only folder: SQLite cannot make -shm
+            try:
+                conn = self._connect(p)
+            except sqlite3.OperationalError:
+                # e.g. a WAL-mode file in a read-only folder: SQLite cannot create its -shm
+                conn = self._connect_copy(p, has_wal)
+        except sqlite3.DatabaseError as e:
+            raise _db_error(p, e) from e
         try:
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -176,11 +178,12 @@ class SessionReader:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # fail now, not later
         return conn
 
-    def _connect_copy(self, p: Path) -> sqlite3.Connection:
+    def _connect_copy(self, p: Path, has_wal: bool) -> sqlite3.Connection:
         self._tmpdir = tempfile.TemporaryDirectory(prefix="kvscope-session-")
         copy = Path(self._tmpdir.name) / "session.kvscope"
         shutil.copyfile(p, copy)
-        shutil.copyfile(f"{p}-wal", f"{copy}-wal")
+        if has_wal:
+            shutil.copyfile(f"{p}-wal", f"{copy}-wal")
         return self._connect(copy)
 
     def _load_index(self) -> None:
@@ -212,6 +215,13 @@ class SessionReader:
         self.keyframe_steps = [r[0] for r in conn.execute(
             "SELECT step FROM keyframes ORDER BY step")]
         self._step_columns = [r[1] for r in conn.execute("PRAGMA table_info(steps)")]
+
+    def refresh(self) -> None:
+        """Re-read the index: a session still being recorded has grown since it was opened."""
+        try:
+            self._load_index()
+        except sqlite3.DatabaseError as e:
+            raise _db_error(self.path, e) from e
 
     def close(self) -> None:
         if getattr(self, "_conn", None) is not None:

@@ -65,9 +65,6 @@ from kvscope.sessions.schema import TOTALS
 
 log = logging.getLogger("kvscope.sessions")
 
-_STOP = object()
-
-
 @dataclass
 class RecorderStatus:
     """What the GUI shows about a recording. Safe to read from any thread."""
@@ -130,6 +127,7 @@ class Recorder:
         self.lag_s = lag_s
         self.overwrite = overwrite
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()  # set by close(): write what is left and stop
         self._thread: threading.Thread | None = None
         self._sub = None
         self._wrapper = None
@@ -139,6 +137,7 @@ class Recorder:
         # engine-thread state
         self._next_rid = 0
         self._num_seen = 0
+        self._reported: set[int] = set()  # requests whose final row is written
         self._steps_since_kf = 0
         self._events_since_kf = 0
         self._force_kf = True
@@ -208,12 +207,13 @@ class Recorder:
         self._closed = True
         self._unhook()
         self._sub_drain_tail()
-        self._queue.put(_STOP)
+        leftover = self._pending_requests + self._new_requests()  # added after the last step
+        self._wake.set()
         self._thread.join()
         self.engine.unsubscribe(self._sub)
         if self._error is None:
             try:
-                self._finalise()
+                self._finalise(leftover)
             except Exception as e:  # noqa: BLE001 - report, never raise into the caller's loop
                 self._fail(e)
         with contextlib.suppress(Exception):
@@ -360,35 +360,26 @@ class Recorder:
 
     # ------------------------------------------------------- writer thread
     def _writer(self) -> None:
-        batch: list = []
-        deadline = time.monotonic() + self.flush_interval_s
-        stop = False
-        while not stop:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                item = None
-            while item is not None:
-                if item is _STOP:
-                    stop = True
-                    break
-                batch.append(item)
+        # Wake once per interval, not per step: a wake-up per queued item costs the engine a GIL
+        # hand-off (and a context switch) every step.
+        while True:
+            stopping = self._wake.wait(self.flush_interval_s)
+            batch = []
+            while True:
                 try:
-                    item = self._queue.get_nowait()
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
-                    item = None
-            now = time.monotonic()
-            if now >= deadline or stop:
-                if batch and self._error is None:
-                    try:
-                        self._write(batch)
-                    except Exception as e:  # noqa: BLE001
-                        self._fail(e)
-                        with contextlib.suppress(Exception):
-                            self._conn.execute("ROLLBACK")
-                batch = []
-                deadline = time.monotonic() + self.flush_interval_s
-                self._check_lag()
+                    break
+            if batch and self._error is None:
+                try:
+                    self._write(batch)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(e)
+                    with contextlib.suppress(Exception):
+                        self._conn.execute("ROLLBACK")
+            self._check_lag()
+            if stopping:
+                return
 
     def _check_lag(self) -> None:
         backlog = self._captured - self._written
@@ -426,21 +417,20 @@ class Recorder:
                 self._kf_build_s = time.thread_time() - t
         conn = self._conn
         conn.execute("BEGIN")
+        # Multi-row statements: sqlite3 hands the GIL back to the engine around every call, so
+        # a call per batch rather than per row keeps hand-offs (each a context switch for the
+        # engine thread) to a handful per flush.
         if req_rows:
-            conn.executemany(*_insert_many("requests", req_rows))
+            _insert_rows(conn, "requests", list(req_rows[0]), req_rows)
         if fin_rows:  # every row has the same keys
-            sets = ", ".join(f"{k} = :{k}" for k in fin_rows[0] if k != "request_id")
-            conn.executemany(f"UPDATE requests SET {sets} WHERE request_id = :request_id",
-                             fin_rows)
+            _insert_rows(conn, "requests", list(fin_rows[0]), fin_rows, upsert="request_id")
         if step_rows:
             cols = self._step_cols + list(TOTALS.values()) + ["nct", "num_events", "captured"]
-            conn.executemany(f"INSERT INTO steps ({', '.join(cols)}) VALUES "
-                             f"({', '.join('?' * len(cols))})", step_rows)
+            _insert_rows(conn, "steps", cols, step_rows)
         if event_rows:
-            conn.executemany(f"INSERT INTO events ({', '.join(schema.EVENT_COLUMNS)}) VALUES "
-                             f"({', '.join('?' * len(schema.EVENT_COLUMNS))})", event_rows)
-        for row in kf_rows:
-            conn.execute(*_insert("keyframes", row))
+            _insert_rows(conn, "events", schema.EVENT_COLUMNS, event_rows)
+        if kf_rows:
+            _insert_rows(conn, "keyframes", list(kf_rows[0]), kf_rows)
         conn.execute("COMMIT")
         self._last_commit = time.monotonic()
         self._written += len(step_rows)
@@ -466,29 +456,32 @@ class Recorder:
                     prompt_text=text)
 
     def _finished_row(self, o) -> dict:
-        row = _metrics_row(o.metrics)
-        row.update(request_id=o.request_id, status="finished", finish_reason=o.finish_reason,
-                   error=o.error, cached_tokens=o.num_cached_tokens,
-                   output_tokens=len(o.token_ids))
+        """On the engine thread, from a finished RequestOutput."""
+        self._reported.add(o.request_id)
+        return self._state_row(o.request_id, "finished", o.finish_reason, o.error,
+                               o.num_cached_tokens, len(o.token_ids), o.metrics, o.text)
+
+    def _state_row(self, rid, status, reason, error, cached, output_tokens, metrics, text):
+        row = _metrics_row(metrics)
+        row.update(request_id=rid, status=status, finish_reason=reason, error=error,
+                   cached_tokens=cached, output_tokens=output_tokens)
         if self.record_text:
-            row["output_text"] = o.text
+            row["output_text"] = text
         return row
 
     # ------------------------------------------------------------- finalise
-    def _finalise(self) -> None:
+    def _finalise(self, leftover: list[_RequestInfo]) -> None:
         conn = self._conn
         conn.execute("BEGIN")
-        for r in self.engine.requests.values():
-            if r.finished:
-                continue
-            row = _metrics_row(r.metrics)
-            row.update(status=r.status.value, cached_tokens=r.metrics.cached_tokens,
-                       output_tokens=len(r.output_token_ids))
-            if self.record_text:
-                row["output_text"] = r.text
-            sets = ", ".join(f"{k} = ?" for k in row)
-            conn.execute(f"UPDATE requests SET {sets} WHERE request_id = ?",
-                         [*row.values(), r.request_id])
+        if leftover:
+            rows = [self._request_row(i) for i in leftover]
+            _insert_rows(conn, "requests", list(rows[0]), rows)
+        rows = [self._state_row(r.request_id, r.status.value, r.finish_reason, r.error,
+                                r.metrics.cached_tokens, len(r.output_token_ids), r.metrics,
+                                r.text)
+                for r in self.engine.requests.values() if r.request_id not in self._reported]
+        if rows:  # still running, or finished after the last step (e.g. cancelled)
+            _insert_rows(conn, "requests", list(rows[0]), rows, upsert="request_id")
         stats = dataclasses.asdict(self.status())
         stats.pop("path")
         conn.execute("UPDATE session SET closed_at = ?, complete = 1, num_steps = ?, "
@@ -560,10 +553,22 @@ def _insert(table: str, row: dict) -> tuple[str, list]:
             list(row.values()))
 
 
-def _insert_many(table: str, rows: list[dict]) -> tuple[str, list]:
-    cols = list(rows[0])
-    return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-            [[r[c] for c in cols] for r in rows])
+def _insert_rows(conn, table: str, cols, rows, upsert: str | None = None) -> None:
+    """INSERT rows (dicts or sequences in `cols` order) with few statements; with `upsert`,
+    rows whose key exists update the given columns instead."""
+    cols = list(cols)
+    per = max(1, min(500, 30_000 // len(cols)))  # SQLite allows 32,766 parameters
+    one = f"({', '.join('?' * len(cols))})"
+    tail = ""
+    if upsert:
+        tail = f" ON CONFLICT({upsert}) DO UPDATE SET " + ", ".join(
+            f"{c} = excluded.{c}" for c in cols if c != upsert)
+    for i in range(0, len(rows), per):
+        chunk = rows[i:i + per]
+        values = [r[c] for r in chunk for c in cols] if isinstance(chunk[0], dict) else \
+            [v for r in chunk for v in r]
+        conn.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
+                     f"{', '.join([one] * len(chunk))}{tail}", values)
 
 
 def _now_iso() -> str:
