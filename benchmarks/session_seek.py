@@ -72,30 +72,40 @@ def make_engine(loaded_path, num_blocks: int) -> Engine:
         block_size=4, num_blocks=num_blocks, max_num_seqs=64, max_num_batched_tokens=512))
 
 
-class WriterClock:
-    """Sums the writer thread's CPU time inside its batches."""
+class RecorderClock:
+    """Sums the CPU time the recorder spends: capturing on the engine thread after each step,
+    and in the writer thread's batches."""
 
     def __init__(self):
-        self.cpu_s = 0.0
-        self._orig = recorder_module.Recorder._write
+        self.capture_s = self.writer_s = 0.0
+        self.steps = 0
+        cls = recorder_module.Recorder
+        self._orig = (cls._write, cls._after_step)
+        write, after = self._orig
         clock = self
 
-        def timed(rec, batch):
+        def timed_write(rec, batch):
             t = time.thread_time()
             try:
-                clock._orig(rec, batch)
+                write(rec, batch)
             finally:
-                clock.cpu_s += time.thread_time() - t
+                clock.writer_s += time.thread_time() - t
 
-        recorder_module.Recorder._write = timed
+        def timed_after(rec):
+            t = time.thread_time()
+            after(rec)
+            clock.capture_s += time.thread_time() - t
+            clock.steps += 1
+
+        cls._write, cls._after_step = timed_write, timed_after
 
     def restore(self) -> None:
-        recorder_module.Recorder._write = self._orig
+        recorder_module.Recorder._write, recorder_module.Recorder._after_step = self._orig
 
 
 def record_big(model: Path, path: Path, min_events: int) -> None:
     engine = make_engine(model, 16_384)
-    clock = WriterClock()
+    clock = RecorderClock()
     rec = Recorder(path, engine)
     rec.start()
     seed = 0
@@ -111,8 +121,9 @@ def record_big(model: Path, path: Path, min_events: int) -> None:
     print(f"recorded {status.events_written:,} events over {status.steps_written:,} steps in "
           f"{wall:.1f} s: {status.events_written / wall:,.0f} events/s "
           f"(bounded by the engine; {engine.num_steps / wall:.0f} steps/s)")
-    print(f"  writer thread CPU: {clock.cpu_s * 1e6 / status.events_written:.2f} us per event "
-          f"(capacity ~{status.events_written / clock.cpu_s:,.0f} events/s), "
+    print(f"  writer thread CPU: {clock.writer_s * 1e6 / status.events_written:.2f} us per event "
+          f"(capacity ~{status.events_written / clock.writer_s:,.0f} events/s); capture on the "
+          f"engine thread {clock.capture_s * 1e6 / clock.steps:.0f} us per step; "
           f"{status.keyframes_written} keyframes, max backlog {status.max_backlog_steps} steps, "
           f"lagging episodes {status.lag_episodes}")
     print(f"  file: {path.stat().st_size / 1e6:.1f} MB "
@@ -186,13 +197,17 @@ def overhead(model: Path, tmp: Path, runs: int) -> None:
     for name, blocks, reqs, demo in configs:
         engine_run(model, blocks, 20, "off", demo)  # warm-up (allocator, caches)
         times = {"off": [], "drained": [], "on": []}
+        clock = RecorderClock()
         for i in range(runs):
             order = list(times)
             random.Random(i).shuffle(order)
             for mode in order:
                 times[mode].append(engine_run(model, blocks, reqs, mode, demo, tmp))
+        clock.restore()
         vs_off = [a / b for a, b in zip(times["off"], times["on"], strict=True)]
         vs_drained = [a / b for a, b in zip(times["drained"], times["on"], strict=True)]
+        step_s = statistics.median(times["drained"]) * runs / clock.steps
+        capture, writer = clock.capture_s / clock.steps, clock.writer_s / clock.steps
         print(f"  {name}: off {statistics.median(times['off']):.2f} s, drained "
               f"{statistics.median(times['drained']):.2f} s, on "
               f"{statistics.median(times['on']):.2f} s (medians)")
@@ -202,6 +217,11 @@ def overhead(model: Path, tmp: Path, runs: int) -> None:
         print(f"    on/drained  median of rounds {statistics.median(vs_drained):.3f}, "
               f"best-of-{runs} {min(times['drained']) / min(times['on']):.3f}  "
               f"[{' '.join(f'{r:.2f}' for r in vs_drained)}]")
+        share = (capture + writer) / step_s
+        print(f"    recorder CPU per {step_s * 1e3:.1f} ms step: capture {capture * 1e6:.0f} us "
+              f"(engine thread) + writer {writer * 1e6:.0f} us (its own thread, partly outside "
+              f"the GIL) = {share:.1%}; if all of it ran in series with the engine: ratio "
+              f"{1 / (1 + share):.3f} (a CPU-time estimate that other processes do not disturb)")
 
 
 def main() -> None:

@@ -58,12 +58,15 @@ from types import SimpleNamespace
 import numpy as np
 import sqlite_utils
 
+from kvscope.engine import events as ev
 from kvscope.engine.snapshot import Snapshot
 from kvscope.sessions import schema
 from kvscope.sessions.replay import build_snapshot
 from kvscope.sessions.schema import TOTALS
 
 log = logging.getLogger("kvscope.sessions")
+
+_TERMINAL = frozenset((ev.FINISHED, ev.CANCELLED, ev.REJECTED))
 
 @dataclass
 class RecorderStatus:
@@ -283,15 +286,18 @@ class Recorder:
         nct = {r: s.num_computed for r, s in mgr.seqs.items()}
         totals = (mgr.hit_tokens, mgr.query_tokens, mgr.num_requests_queried,
                   mgr.num_requests_hit, mgr.pool.num_evicted, mgr.num_cow_copies)
-        # Turn events into plain tuples and pick the finished requests here, so the step's Event
-        # and RequestOutput objects die now: held until the writer's next batch they would
-        # outlive two garbage-collector generations and trigger full collections (measured: ~5%
-        # of a fast engine's time).
+        # Turn events into plain tuples here, so the step's Event objects die now: held until
+        # the writer's next batch they would outlive two garbage-collector generations and
+        # trigger full collections (measured: ~5% of a fast engine's time).
         steps, finished, num_events = [], [], 0
+        reqs = engine.requests
         for u in updates:
-            steps.append((u.record, schema.event_tuples(u.events)))
-            num_events += len(u.events)
-            finished += [self._finished_row(o) for o in u.outputs if o.finished]
+            tuples = schema.event_tuples(u.events)
+            steps.append((u.record, tuples))
+            num_events += len(tuples)
+            for t in tuples:  # a terminal event: the request is finished by now
+                if t[0] in _TERMINAL and t[2] not in self._reported:
+                    finished.append(self._final_row(reqs[t[2]]))
         wall = updates[-1].record.wall_s
         self._step_s_ema = wall if not self._step_s_ema else 0.9 * self._step_s_ema + 0.1 * wall
         self._steps_since_kf += len(updates)
@@ -455,18 +461,18 @@ class Recorder:
                     status="waiting" if info.parent_id is None else "running",
                     prompt_text=text)
 
-    def _finished_row(self, o) -> dict:
-        """On the engine thread, from a finished RequestOutput."""
-        self._reported.add(o.request_id)
-        return self._state_row(o.request_id, "finished", o.finish_reason, o.error,
-                               o.num_cached_tokens, len(o.token_ids), o.metrics, o.text)
+    def _final_row(self, r) -> dict:
+        """On the engine thread: the state of a request that has finished."""
+        self._reported.add(r.request_id)
+        return self._state_row(r)
 
-    def _state_row(self, rid, status, reason, error, cached, output_tokens, metrics, text):
-        row = _metrics_row(metrics)
-        row.update(request_id=rid, status=status, finish_reason=reason, error=error,
-                   cached_tokens=cached, output_tokens=output_tokens)
+    def _state_row(self, r) -> dict:
+        row = _metrics_row(r.metrics)
+        row.update(request_id=r.request_id, status=r.status.value, finish_reason=r.finish_reason,
+                   error=r.error, cached_tokens=r.metrics.cached_tokens,
+                   output_tokens=len(r.output_token_ids))
         if self.record_text:
-            row["output_text"] = text
+            row["output_text"] = r.text
         return row
 
     # ------------------------------------------------------------- finalise
@@ -476,10 +482,8 @@ class Recorder:
         if leftover:
             rows = [self._request_row(i) for i in leftover]
             _insert_rows(conn, "requests", list(rows[0]), rows)
-        rows = [self._state_row(r.request_id, r.status.value, r.finish_reason, r.error,
-                                r.metrics.cached_tokens, len(r.output_token_ids), r.metrics,
-                                r.text)
-                for r in self.engine.requests.values() if r.request_id not in self._reported]
+        rows = [self._state_row(r) for r in self.engine.requests.values()
+                if r.request_id not in self._reported]
         if rows:  # still running, or finished after the last step (e.g. cancelled)
             _insert_rows(conn, "requests", list(rows[0]), rows, upsert="request_id")
         stats = dataclasses.asdict(self.status())

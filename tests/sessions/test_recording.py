@@ -6,6 +6,7 @@ import logging
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -110,14 +111,50 @@ def test_prompt_text_and_salt_are_stored_only_with_the_opt_in(tmp_path):
 
 def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
     engine = make_engine(tiny_model_dir, num_blocks=64)
-    rec = Recorder(tmp_path / "gen.kvscope", engine).start()
+    path = tmp_path / "gen.kvscope"
+    rec = Recorder(path, engine).start()
     assert "step" in vars(engine)
     engine.generate([[5, 6, 7, 8, 9, 10]] * 3, SamplingParams(max_tokens=5, ignore_eos=True))
+    doomed = engine.add_request([9] * 10, SamplingParams(max_tokens=8))
+    engine.step()
+    engine.cancel(doomed)  # after the last recorded step
+    late = engine.add_request([7] * 5, SamplingParams(max_tokens=2))  # never stepped
     rec.close()
     assert "step" not in vars(engine)
     engine.step()  # no longer recorded, and nothing breaks
     assert rec.status().steps_written == engine.num_steps - 1
     assert rec.close().steps_written == engine.num_steps - 1  # idempotent
+    with SessionReader(path) as s:
+        rows = {r.request_id: r for r in s.requests()}
+    assert (rows[doomed].status, rows[doomed].finish_reason) == ("finished", "cancelled")
+    assert (rows[late].status, rows[late].output_tokens) == ("waiting", 0)
+    assert all(rows[r].finish_reason == "length" for r in range(3))
+
+
+def test_recording_driven_from_a_worker_thread(tmp_path, tiny_model_dir):
+    """As in the GUI: the worker thread owns the engine and the recorder; another thread polls
+    the recorder's status."""
+    path = tmp_path / "worker.kvscope"
+    box = {}
+
+    def worker():
+        engine = make_engine(tiny_model_dir)
+        rec = box["rec"] = Recorder(path, engine, flush_interval_s=0.02).start()
+        box["steps"] = drive(engine, max_steps=60)
+        box["final"] = rec.close()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    polled = []
+    while t.is_alive():
+        if "rec" in box:
+            polled.append(box["rec"].status())
+        time.sleep(0.005)
+    t.join()
+    assert box["final"].steps_written == box["steps"] and box["final"].error is None
+    assert any(p.recording and p.steps_written > 0 for p in polled)
+    with SessionReader(path) as s:
+        assert s.num_steps == box["steps"] and s.verify() == []
 
 
 def test_a_slow_writer_is_reported_and_nothing_is_dropped(tmp_path, tiny_model_dir, caplog,
