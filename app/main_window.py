@@ -358,6 +358,10 @@ class MainWindow(QMainWindow):
             self._token_window) > 1 else 0
         rate = f"{tokens / span:.0f} tok/s" if span > 0 else "– tok/s"
         device = self.engine.device.type if self.engine is not None else "?"
+        if self.engine is not None and self.engine.num_steps == 0:
+            self.status.setText(f"{self.model_name} · {device} · {s.num_blocks} blocks of "
+                                f"{s.block_size} tokens · {HINT}")
+            return
         self.status.setText(
             f"{self.model_name} · {device} · {s.num_active_blocks}/{s.num_blocks} used · "
             f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · step {s.step} · "

@@ -14,9 +14,9 @@ from kvscope.app import palette
 from kvscope.engine.snapshot import STATE_NAMES, Snapshot
 
 
-def grid_columns(num_blocks: int) -> int:
-    """Roughly square-ish grids that stay wide: 16 to 128 columns."""
-    return int(min(128, max(16, 2 ** round(np.log2(max(1.0, np.sqrt(num_blocks * 4)))))))
+def grid_columns(num_blocks: int, aspect: float = 1.5) -> int:
+    """Columns that make square cells fill a view of this width/height ratio."""
+    return int(min(512, max(8, round(np.sqrt(num_blocks * max(aspect, 0.2))))))
 
 
 class PoolView(QWidget):
@@ -69,8 +69,8 @@ class PoolView(QWidget):
     # ----------------------------------------------------------------- render
     def set_snapshot(self, snap: Snapshot, evicted: np.ndarray | None = None) -> None:
         resized = self.snapshot is None or snap.num_blocks != self.snapshot.num_blocks
-        self.snapshot = snap
-        self.cols = grid_columns(snap.num_blocks)
+        self.snapshot, self._evicted = snap, evicted
+        self.cols = grid_columns(snap.num_blocks, self._aspect())
         rows = -(-snap.num_blocks // self.cols)
         grid = np.full(rows * self.cols, palette.CODE_PAD, dtype=np.uint8)
         self.codes = palette.display_codes(snap, evicted)
@@ -88,9 +88,15 @@ class PoolView(QWidget):
             rows = -(-self.snapshot.num_blocks // self.cols)
             self.plot.setRange(xRange=(0, self.cols), yRange=(0, rows), padding=0.02)
 
+    def _aspect(self) -> float:
+        size = self.plot.size()
+        return size.width() / max(1, size.height())
+
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
-        if self.auto_fit:
+        if self.snapshot is not None and self.auto_fit:
+            if grid_columns(self.snapshot.num_blocks, self._aspect()) != self.cols:
+                self.set_snapshot(self.snapshot, self._evicted)
             self.fit()
 
     def _on_manual_range(self, *_) -> None:
