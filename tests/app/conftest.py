@@ -42,13 +42,3 @@ def step(window, qtbot, n: int = 1) -> None:
     qtbot.waitUntil(lambda: window.snapshot is not None and window.snapshot.step == target - 1,
                     timeout=5_000)
 
-
-@pytest.fixture(autouse=True)
-def _collect_qt_garbage(qapp):
-    """Destroy each test's Qt wrappers while the QApplication is alive: collecting them during
-    interpreter shutdown crashes shiboken ("deallocating None")."""
-    yield
-    import gc
-
-    qapp.processEvents()
-    gc.collect()
