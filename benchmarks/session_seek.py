@@ -91,9 +91,9 @@ class RecorderClock:
             finally:
                 clock.writer_s += time.thread_time() - t
 
-        def timed_after(rec):
+        def timed_after(rec, updates):
             t = time.thread_time()
-            after(rec)
+            after(rec, updates)
             clock.capture_s += time.thread_time() - t
             clock.steps += 1
 

@@ -12,6 +12,7 @@ from kvscope.sessions.errors import (
     SessionError,
     TruncatedSessionError,
 )
+from kvscope.sessions.export import chrome_trace, export_chrome_trace, export_csv
 from kvscope.sessions.reader import Frame, RecordedRequest, SessionMeta, SessionReader
 from kvscope.sessions.recorder import Recorder, RecorderStatus
 from kvscope.sessions.schema import SCHEMA_VERSION, SUFFIX
@@ -19,4 +20,4 @@ from kvscope.sessions.schema import SCHEMA_VERSION, SUFFIX
 __all__ = ["SCHEMA_VERSION", "SUFFIX", "CorruptSessionError", "Frame", "MissingSessionError",
            "NewerSchemaError", "NotASessionError", "RecordedRequest", "Recorder",
            "RecorderStatus", "ReplayError", "SessionError", "SessionMeta", "SessionReader",
-           "TruncatedSessionError"]
+           "TruncatedSessionError", "chrome_trace", "export_chrome_trace", "export_csv"]

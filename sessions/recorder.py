@@ -8,29 +8,39 @@ Usage (from whichever thread drives the engine: a script, the CLI, the GUI's wor
     rec.status()           # RecorderStatus: steps written, backlog, lagging, error (any thread)
     rec.close()            # unhooks, flushes, finalises (on the engine's thread, engine idle)
 
-or ``with Recorder(path, engine) as rec: ...``.
+or ``with Recorder(path, engine) as rec: ...``. The engine is not thread-safe, so start() and
+close() belong on the thread that steps it (in the GUI: slots of the engine worker); status()
+may be polled from anywhere.
 
 How the data gets out of the engine thread cheaply:
 
-- ``start()`` subscribes to the engine (one queue put per step) and wraps the engine instance's
-  ``step`` so that, right after each step, on the engine thread, `_after_step` takes the step's
-  update (record, events, outputs) plus what events do not carry: the computed-token count of
-  each live request and six running totals (tens of microseconds), the ids of new requests, and
-  every ``keyframe_every`` steps a *raw* copy of the pool (plain list copies: ~1 ms for 16k
-  blocks, ten times cheaper than ``engine.snapshot()``). It puts one item on an unbounded queue.
-- The writer thread turns raw copies into keyframe Snapshots (computed as the manager's
-  ``snapshot`` computes them), encodes events and per-step deltas, and writes them in one
-  transaction every ``flush_interval_s`` (WAL mode, synchronous=NORMAL: a killed process loses
-  at most the last interval; the file always opens).
-- Nothing is ever dropped. If the writer falls behind (``lag_steps`` unwritten steps or a commit
-  older than ``lag_s``), ``status().lagging`` turns true, ``lag_episodes`` counts it and a
-  warning is logged; the engine keeps going and the backlog stays in memory.
-- Keyframes are spaced so their cost stays under ``keyframe_budget`` of the engine's step time
-  (``keyframe_every`` is the minimum spacing; a keyframe is also forced after
-  ``keyframe_max_events`` events, which bounds seeking).
+- ``start()`` subscribes to the engine (one queue put per step) and wraps this engine
+  instance's ``step`` (engine.generate, a WorkloadRunner, the GUI worker all go through it).
+  Right after each step, on the engine thread, `_after_step` takes the step's update and what
+  events do not carry: each live request's computed-token count and six running totals of the
+  cache manager; events become plain tuples (so the Event objects die young: kept until the
+  next batch they would trigger the garbage collector's full collections); every
+  ``keyframe_every`` steps it takes a *raw* copy of the pool (plain list copies, ~0.5 ms for 16k
+  blocks, against ~10 ms for ``engine.snapshot()``). One item goes on an unbounded queue: about
+  60 us per step in all.
+- The writer thread wakes every ``flush_interval_s`` (never per step: each wake-up would cost
+  the engine a GIL hand-off), turns raw copies into keyframe Snapshots (computed exactly as
+  ``KVCacheManager.snapshot`` computes them), packs each step's events into one row, and writes
+  the batch in one transaction of a few multi-row statements (WAL mode, synchronous=NORMAL: a
+  killed process loses at most the last interval, and the file always opens).
+- Nothing is ever dropped. If the writer falls behind (``lag_steps`` unwritten steps, or a
+  commit older than ``lag_s``), ``status().lagging`` turns true, ``lag_episodes`` counts it and
+  a warning is logged on ``kvscope.sessions``; the engine keeps going, the backlog stays in
+  memory, and ``lagging`` clears once the writer has caught up. If writing fails (disk full),
+  ``status().error`` says why, recording stops, and the file keeps every committed step.
+- Keyframes are spaced so that their cost (the copy here plus the build on the writer) stays
+  under ``keyframe_budget`` of the engine's time: ``keyframe_every`` is the minimum spacing, and
+  a keyframe is forced after ``keyframe_max_events`` events to bound the replay of a seek.
 
 Replay exactness rests on every pool mutation emitting an event (see replay.py), so recording
-needs ``EngineConfig(record_events=True)`` (the default).
+needs ``EngineConfig(record_events=True)`` (the default). Text is stored only with
+``record_text=True``; cache salts never (an HMAC under a per-recording random key that is not
+stored: equal digests mean equal salts within one file, and say nothing across files).
 """
 
 from __future__ import annotations
@@ -109,7 +119,6 @@ class _Capture:
     totals: tuple[int, ...]
     new_requests: list[_RequestInfo]
     raw: SimpleNamespace | None  # a raw pool copy for a keyframe
-    taken_s: float
 
 
 class Recorder:
@@ -194,7 +203,6 @@ class Recorder:
         self._conn = conn
         self._step_cols = ["step", *[c for c in schema.step_record_columns() if c != "step"]]
         self._started = True
-        self._sub = self.engine.subscribe()
         self._pending_requests = self._new_requests()  # queued before the recording started
         self._thread = threading.Thread(target=self._writer, name="kvscope-recorder",
                                         daemon=True)
@@ -209,11 +217,9 @@ class Recorder:
             return self.status()
         self._closed = True
         self._unhook()
-        self._sub_drain_tail()
         leftover = self._pending_requests + self._new_requests()  # added after the last step
         self._wake.set()
         self._thread.join()
-        self.engine.unsubscribe(self._sub)
         if self._error is None:
             try:
                 self._finalise(leftover)
@@ -234,8 +240,13 @@ class Recorder:
 
     # ------------------------------------------------------------ engine hook
     def _hook(self) -> None:
-        """Wrap this engine instance's step (engine.generate and any driver go through it)."""
         engine = self.engine
+        if hasattr(engine, "add_step_listener"):  # see the proposal in the sessions report
+            engine.add_step_listener(self._on_update)
+            return
+        # Otherwise subscribe, and wrap this engine instance's step: engine.generate, a
+        # WorkloadRunner and the GUI worker all call it.
+        self._sub = engine.subscribe()
         self._prev_step = engine.__dict__.get("step")
         inner = engine.step
 
@@ -246,40 +257,41 @@ class Recorder:
                 self._force_kf = True  # the state may have moved without a published step
                 raise
             if not self._closed:
-                self._after_step()
+                self._after_step(self._sub.drain())
             return outputs
 
         self._wrapper = step
         engine.step = step
 
+    def _on_update(self, update) -> None:
+        """A step listener: called on the engine thread at the end of each step."""
+        if not self._closed:
+            self._after_step([update])
+
     def _unhook(self) -> None:
         engine = self.engine
+        if self._sub is None:
+            engine.remove_step_listener(self._on_update)
+            return
         if engine.__dict__.get("step") is self._wrapper:
             if self._prev_step is None:
                 del engine.step
             else:
                 engine.step = self._prev_step
         # else: someone wrapped on top of us; our wrapper stays as a pass-through (closed)
-
-    def _sub_drain_tail(self) -> None:
-        """Steps that ran after the last capture (none when every step went through the hook)."""
-        if self._error is None and self._sub is not None:
-            self._after_step()
+        self._after_step(self._sub.drain())  # steps that bypassed the wrapper, if any
+        engine.unsubscribe(self._sub)
 
     # --------------------------------------------------- engine thread: capture
-    def _after_step(self) -> None:
-        if self._error is not None:
-            self._sub.drain()
+    def _after_step(self, updates: list) -> None:
+        if self._error is not None or not updates:
             return
         try:
-            self._capture()
+            self._capture(updates)
         except Exception as e:  # noqa: BLE001 - the engine must never fail because of us
             self._fail(e)
 
-    def _capture(self) -> None:
-        updates = self._sub.drain()
-        if not updates:
-            return
+    def _capture(self, updates: list) -> None:
         engine = self.engine
         mgr = engine.manager
         new, self._pending_requests = self._pending_requests + self._new_requests(), []
@@ -287,8 +299,8 @@ class Recorder:
         totals = (mgr.hit_tokens, mgr.query_tokens, mgr.num_requests_queried,
                   mgr.num_requests_hit, mgr.pool.num_evicted, mgr.num_cow_copies)
         # Turn events into plain tuples here, so the step's Event objects die now: held until
-        # the writer's next batch they would outlive two garbage-collector generations and
-        # trigger full collections (measured: ~5% of a fast engine's time).
+        # the writer's next batch they outlive two garbage-collector generations and trigger
+        # full collections (measured with the tiny test model: ~0.1 s every few seconds).
         steps, finished, num_events = [], [], 0
         reqs = engine.requests
         for u in updates:
@@ -309,7 +321,7 @@ class Recorder:
             self._kf_copy_s = time.perf_counter() - t
             self._steps_since_kf = self._events_since_kf = 0
             self._force_kf = False
-        self._queue.put(_Capture(steps, finished, nct, totals, new, raw, time.monotonic()))
+        self._queue.put(_Capture(steps, finished, nct, totals, new, raw))
         self._captured += len(updates)
         self._events_captured += num_events
         backlog = self._captured - self._written

@@ -131,6 +131,42 @@ def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
     assert all(rows[r].finish_reason == "length" for r in range(3))
 
 
+def test_an_engine_with_step_listeners_is_not_wrapped(tmp_path, tiny_model_dir):
+    """The engine hook proposed for engine.py (add_step_listener), emulated by a subclass: the
+    recorder uses it instead of wrapping engine.step, with the same result."""
+    from kvscope.engine import EngineConfig
+    from kvscope.engine.engine import Engine
+    from kvscope.engine.loader import load_model
+
+    class ListeningEngine(Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._listeners, self._tap = [], self.subscribe()
+
+        def add_step_listener(self, fn):
+            self._listeners.append(fn)
+
+        def remove_step_listener(self, fn):
+            self._listeners.remove(fn)
+
+        def step(self):
+            outputs = super().step()
+            for update in self._tap.drain():
+                for fn in list(self._listeners):
+                    fn(update)
+            return outputs
+
+    engine = ListeningEngine(load_model(tiny_model_dir), EngineConfig(
+        block_size=4, num_blocks=40, max_num_batched_tokens=48, max_num_seqs=8))
+    live = []
+    with Recorder(tmp_path / "listen.kvscope", engine, keyframe_every=9):
+        assert "step" not in vars(engine) and len(engine._listeners) == 1
+        drive(engine, max_steps=80, on_step=lambda e: live.append(e.snapshot()))
+    assert engine._listeners == []
+    with SessionReader(tmp_path / "listen.kvscope") as s:
+        assert all(s.snapshot_at(x.step).equals(x) for x in live) and s.num_steps == len(live)
+
+
 def test_recording_driven_from_a_worker_thread(tmp_path, tiny_model_dir):
     """As in the GUI: the worker thread owns the engine and the recorder; another thread polls
     the recorder's status."""
