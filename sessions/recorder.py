@@ -124,7 +124,7 @@ class _Capture:
 class Recorder:
     def __init__(self, path: str | os.PathLike, engine, *, record_text: bool = False,
                  keyframe_every: int = 64, keyframe_max_events: int = 20_000,
-                 keyframe_budget: float = 0.01, flush_interval_s: float = 0.25,
+                 keyframe_budget: float = 0.005, flush_interval_s: float = 0.25,
                  lag_steps: int = 10_000, lag_s: float = 5.0, overwrite: bool = False):
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be >= 1")

@@ -13,7 +13,6 @@ returning a wrong snapshot.
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from itertools import accumulate
 
@@ -22,6 +21,7 @@ import numpy as np
 from kvscope.engine import events as ev
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, Snapshot
 from kvscope.sessions.errors import ReplayError
+from kvscope.sessions.schema import event_columns
 
 _BLOCK_EVENTS = frozenset(ev.BLOCK_EVENTS)
 
@@ -72,15 +72,12 @@ class PoolReplay:
 
     def apply_packed(self, row) -> None:
         """Apply the block events of one packed `events` row (see schema.pack_events)."""
-        _, n, kinds, steps, rids, _, nb, blocks, nh, hashes, _ = row
-        kinds = kinds.split("\n")
+        kinds = row[2].split("\n")
         idx = [i for i, k in enumerate(kinds) if k in _BLOCK_EVENTS]
         if not idx:
             return
-        steps, rids = array("q", steps), array("q", rids)
-        nb, nh = array("i", nb), array("i", nh)
+        kinds, steps, rids, _, nb, blocks, nh, hashes, _ = event_columns(row, with_details=False)
         b_end, h_end = list(accumulate(nb)), list(accumulate(nh))
-        blocks, hashes = array("i", blocks), array("Q", hashes)
         apply = self.apply
         for i in idx:
             be, he = b_end[i], h_end[i]

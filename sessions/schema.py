@@ -11,13 +11,14 @@ A session is a SQLite file (extension ``.kvscope``). Tables:
   totals (``total_*``), the computed-token count of each live request (``nct``), and how many
   events the step published.
 - ``events``: one row per step holding every event that step published, in order, as packed
-  columns: ``kinds`` newline-separated, ``details`` a JSON list of strings, the rest
+  columns: ``kinds`` newline-separated, ``details`` joined by U+001F (or a JSON list), the rest
   little-endian arrays (a request id of -1 means none; ``blocks`` and ``hashes`` concatenate
-  each event's, with per-event counts). Packing costs the writer thread about 0.3 us per event
-  against 2+ us for a row per event, and one SQLite call per step instead of one per event
-  (each of which hands the GIL back and forth with the engine thread). An
-  event's ``event_steps`` entry is the step the engine stamped on it: a cancel between steps N
-  and N+1 is stamped N but published with step N+1, and replays with N+1.
+  each event's, with per-event counts; see pack_events for the compact common cases). Packing
+  costs the writer thread under 1 us per event against 2+ us for a row per event, and rows are
+  written with multi-row statements, a few per batch (each SQLite call hands the GIL back and
+  forth with the engine thread). An event's ``event_steps`` entry is the step the engine
+  stamped on it: a cancel between steps N and N+1 is stamped N but published with step N+1,
+  and replays with N+1.
 - ``keyframes``: the full block state every K steps (zlib-compressed numpy arrays, little-endian
   dtypes recorded in ``layout``). ``snapshot_at(step)`` decodes the nearest keyframe at or before
   the step and replays the events that follow (see replay.py).
@@ -115,36 +116,52 @@ def event_tuples(events) -> list[tuple]:
             for e in events]
 
 
+_SEP = "\x1f"  # unit separator: joins the details when none contains it (else JSON)
+
+
 def pack_events(step: int, events: list[tuple]) -> tuple:
-    """One step's event tuples (see event_tuples) as a row of EVENT_COLUMNS."""
+    """One step's event tuples (see event_tuples) as a row of EVENT_COLUMNS. The common cases
+    are stored compactly: ``event_steps`` empty when every event is stamped with `step`,
+    ``num_hashes`` empty when no event has hashes, ``details`` joined by _SEP (else JSON)."""
+    n = len(events)
     kinds, steps, rids, blocks, times, hashes, details = zip(*events, strict=True)
     if None in rids:
         rids = [-1 if r is None else r for r in rids]
+    joined = _SEP.join(details)
+    details = _SEP + joined if joined.count(_SEP) == n - 1 else json.dumps(details)
     flat_blocks = array("i", chain.from_iterable(blocks)).tobytes()
     flat_hashes = array("Q", chain.from_iterable(hashes)).tobytes()
-    return (step, len(events), "\n".join(kinds), array("q", steps).tobytes(),
+    return (step, n, "\n".join(kinds),
+            b"" if steps.count(step) == n else array("q", steps).tobytes(),
             array("q", rids).tobytes(), array("q", times).tobytes(),
             array("i", map(len, blocks)).tobytes(), flat_blocks,
-            array("i", map(len, hashes)).tobytes(), flat_hashes, json.dumps(details))
+            array("i", map(len, hashes)).tobytes() if flat_hashes else b"", flat_hashes, details)
+
+
+def event_columns(row, with_details: bool = True):
+    """A packed row -> (kinds, event steps, request ids, times, block counts, blocks, hash
+    counts, hashes, details) as sequences of n (details None unless asked for)."""
+    step, n, kinds, steps, rids, times, nb, blocks, nh, hashes, details = row
+    kinds = kinds.split("\n")
+    if len(kinds) != n:
+        raise ValueError(f"{len(kinds)} event kinds for {n} events")
+    steps = array("q", steps) if steps else [step] * n
+    nh = array("i", nh) if nh else array("i", bytes(4 * n))
+    if with_details:
+        details = details[1:].split(_SEP) if details.startswith(_SEP) else json.loads(details)
+    else:
+        details = None
+    return (kinds, steps, array("q", rids), array("q", times), array("i", nb), array("i", blocks),
+            nh, array("Q", hashes), details)
 
 
 def unpack_events(row, kinds_wanted=None) -> list[tuple]:
     """Rows of EVENT_COLUMNS -> (kind, event_step, request_id, blocks, hashes, time_ns, detail)
     tuples in order; with `kinds_wanted`, only events of those kinds."""
-    _, n, kinds, steps, rids, times, nb, blocks, nh, hashes, details = row
-    kinds = kinds.split("\n")
-    if len(kinds) != n:
-        raise ValueError(f"{len(kinds)} event kinds for {n} events")
-    idx = range(n) if kinds_wanted is None else \
+    kinds, steps, rids, times, nb, blocks, nh, hashes, details = event_columns(row)
+    idx = range(len(kinds)) if kinds_wanted is None else \
         [i for i, k in enumerate(kinds) if k in kinds_wanted]
-    if not idx:
-        return []
-    steps, rids, times = array("q", steps), array("q", rids), array("q", times)
-    b_end = list(accumulate(array("i", nb)))
-    h_end = list(accumulate(array("i", nh)))
-    nb, nh = array("i", nb), array("i", nh)
-    blocks, hashes = array("i", blocks), array("Q", hashes)
-    details = json.loads(details)
+    b_end, h_end = list(accumulate(nb)), list(accumulate(nh))
     out = []
     for i in idx:
         be, he = b_end[i], h_end[i]
