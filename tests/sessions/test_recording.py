@@ -22,8 +22,10 @@ def record(tmp_path, model_dir, name="run.kvscope", **rec_kw):
     engine = make_engine(model_dir)
     live = []
     path = tmp_path / name
+    tap = engine.subscribe()  # every event the engine published, to compare
     with Recorder(path, engine, **rec_kw) as rec:
         drive(engine, on_step=lambda e: live.append(e.snapshot()))
+    engine.published = [(u.record.step, e) for u in tap.drain() for e in u.events]
     return engine, live, path, rec
 
 
@@ -36,7 +38,11 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, 
     with SessionReader(path) as s:
         assert s.meta.complete and s.meta.block_size == 4 and s.meta.num_blocks == 40
         assert (s.first_step, s.last_step) == (0, len(live) - 1)
-        kinds = {e.kind for e in s.events_between(s.first_step, s.last_step)}
+        published = engine.published  # (step of the update, event), as the engine sent them
+        assert s.events_between(s.first_step, s.last_step) == [e for _, e in published]
+        for step in (0, 5, len(live) - 1):
+            assert s.events_at(step) == [e for st, e in published if st == step]
+        kinds = {e.kind for _, e in published}
         assert set(ev.BLOCK_EVENTS) <= kinds, set(ev.BLOCK_EVENTS) - kinds  # all exercised
         assert {ev.PREEMPTED, ev.CANCELLED, ev.REJECTED} <= kinds
         # In order (the playback cursor), then in random order (keyframe + replay each time).
@@ -276,3 +282,18 @@ def test_reading_a_session_never_imports_torch(tmp_path, tiny_model_dir):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == snapshot_digest(live[-4])
+
+
+def test_packed_events_round_trip_odd_cases():
+    from kvscope.engine.events import Event
+    from kvscope.sessions import schema
+
+    events = [Event("reset", 7, None, (3, 1, 2), 10, (), ""),
+              Event("cached", 7, 4, (5, 6), 11, (2**64 - 1, 0), "a\x1fb"),  # separator inside
+              Event("freed", 6, 4, tuple(range(1000)), 12, (), "[not json"),
+              Event("decode", 7, 2**40, (), 13, (), "1")]
+    for batch in (events, events[2:], events[3:]):
+        row = schema.pack_events(7, schema.event_tuples(batch))
+        got = [Event(k, st, rid, b, t, h, d) for k, st, rid, b, h, t, d in
+               schema.unpack_events(row)]
+        assert got == batch
