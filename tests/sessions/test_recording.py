@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from session_testutil import drive, make_engine, snapshot_digest
+from session_testutil import drive, make_engine, prompt, snapshot_digest
 
 from kvscope.engine import SamplingParams
 from kvscope.engine import events as ev
@@ -59,6 +59,27 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, 
             assert s.keyframe_steps == list(range(0, len(live), 7))
         else:
             assert s.keyframe_steps == [0]
+
+
+@pytest.mark.parametrize("config", [dict(enable_prefix_caching=False),
+                                    dict(enable_kv_cache=False, num_blocks=8)])
+def test_round_trip_without_prefix_caching_and_in_the_naive_loop(tmp_path, tiny_model_dir,
+                                                                 config):
+    engine = make_engine(tiny_model_dir, **config)
+    live = []
+    with Recorder(tmp_path / "cfg.kvscope", engine, keyframe_every=5):
+        if engine.config.enable_kv_cache:
+            drive(engine, max_steps=30, on_step=lambda e: live.append(e.snapshot()))
+        else:  # n > 1 is not used: the engine's naive loop cannot fork (reported)
+            for i in range(4):
+                engine.add_request(prompt(5 + 3 * i, i), SamplingParams(max_tokens=4 + i))
+            while engine.has_unfinished():
+                engine.step()
+                live.append(engine.snapshot())
+    with SessionReader(tmp_path / "cfg.kvscope") as s:
+        assert s.num_steps == len(live) and s.meta.engine_config["enable_kv_cache"] == \
+            config.get("enable_kv_cache", True)
+        assert all(s.snapshot_at(x.step).equals(x) for x in live)
 
 
 def test_requests_table_matches_the_engine(tmp_path, tiny_model_dir):
