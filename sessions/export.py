@@ -130,7 +130,7 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
             out.append(dict(ph="X", pid=REQUESTS_PID, tid=track(rid), name=phase, ts=start,
                             dur=max(0, t - start), cat="request", args=dict(request=rid)))
 
-    def enter(rid: int, phase: int, t: int) -> None:
+    def enter(rid: int, phase: str, t: int) -> None:
         if rid in open_span:
             t = max(t, open_span[rid][1])
             close(rid, t)

@@ -328,7 +328,11 @@ class SessionReader:
                 self._cursor = PoolReplay(kf)
                 return kf
             cur = self._cursor = PoolReplay(kf)
-        self._advance(cur, step)
+        try:
+            self._advance(cur, step)
+        except BaseException:
+            self._cursor = None  # half-replayed: start from a keyframe next time
+            raise
         return cur.snapshot()
 
     def _check_step(self, step: int) -> None:
