@@ -42,7 +42,7 @@ def fingerprint(path: Path) -> dict:
 def session_file(tmp_path_factory, tiny_model_dir):
     engine = make_engine(tiny_model_dir)
     path = tmp_path_factory.mktemp("sessions") / "good.kvscope"
-    with Recorder(path, engine, keyframe_every=8):
+    with Recorder(path, engine, keyframe_every=8, keyframe_budget=1.0):  # keyframes at 0, 8, ..
         drive(engine, max_steps=40)
     return path
 
@@ -162,3 +162,15 @@ def test_opening_and_replaying_never_modifies_the_file(session_file):
         s.requests(), s.events_between(0, s.last_step)
     assert fingerprint(session_file) == before
     assert not Path(f"{session_file}-wal").exists()
+
+
+def test_damaged_events_are_caught_not_replayed_silently(tmp_path, session_file):
+    path = tmp_path / "tampered.kvscope"
+    shutil.copyfile(session_file, path)
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM events WHERE step BETWEEN 2 AND 4")  # inside the first interval
+    conn.commit()
+    conn.close()
+    with SessionReader(path) as s:
+        assert s.verify()  # the replay no longer reaches the keyframe at step 8
+        s.snapshot_at(8)  # keyframes themselves are intact
