@@ -17,7 +17,11 @@
    median over rounds and best-of-N (the minimum time of each: other processes only ever add
    time). Configurations: the tiny model (its steps are the cheapest, so the recorder's share is
    the largest: the worst case) on a 4,096- and a 16,384-block pool, and the demo model (a real
-   tokenizer; output text is decoded every token).
+   tokenizer; output text is decoded every token). On a shared machine these wall-clock ratios
+   swing by +-20% from round to round, so each configuration also prints the recorder's own CPU
+   time per step (capture on the engine thread + the writer thread), measured with
+   time.thread_time, which other processes do not disturb: the ratio if all of it ran in series
+   with the engine is a noise-free estimate of the overhead.
 
 Run: .venv/bin/python benchmarks/session_seek.py [--events 100000] [--runs 9] [--seeks 200]
 """
