@@ -30,6 +30,7 @@ from kvscope.app.panels.details import DetailsPanel
 from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
 from kvscope.app.panels.pool_view import PoolView
+from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.selection import Selection
@@ -90,12 +91,14 @@ class MainWindow(QMainWindow):
         self.details = DetailsPanel()
         self.timeline = Timeline()
         self.events = EventsPanel()
+        self.tree = PrefixTreePanel()
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
         self.docks = {}
         for name, title, widget, area in [
             ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
             ("composer", "Prompt", self.composer, Qt.LeftDockWidgetArea),
+            ("tree", "Prefix tree", self.tree, Qt.RightDockWidgetArea),
             ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
             ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
             ("device", "Device", self.device, Qt.RightDockWidgetArea),
@@ -108,10 +111,10 @@ class MainWindow(QMainWindow):
             self.addDockWidget(area, dock)
             self.docks[name] = dock
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
-        self.tabifyDockWidget(self.docks["details"], self.docks["capacity"])
+        self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.docks["timeline"].raise_()
-        self.docks["details"].raise_()
+        self.docks["tree"].raise_()
 
     def _build_toolbar(self) -> None:
         tb = self.addToolBar("Main")
@@ -187,6 +190,7 @@ class MainWindow(QMainWindow):
         sel = self.selection
         self.requests.request_selected.connect(sel.select_request)
         self.pool.block_clicked.connect(sel.select_block)
+        self.tree.block_clicked.connect(sel.select_block)
         self.timeline.step_clicked.connect(sel.select_step)
         self.events.event_selected.connect(self._on_event_selected)
         sel.request_changed.connect(self._on_request_selected)
@@ -201,7 +205,7 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1400, 900)
         if state is None or not self.restoreState(state):
-            self.resizeDocks([self.docks["requests"], self.docks["details"]], [460, 320],
+            self.resizeDocks([self.docks["requests"], self.docks["tree"]], [460, 380],
                              Qt.Horizontal)
             self.resizeDocks([self.docks["timeline"]], [330], Qt.Vertical)
             self.resizeDocks([self.docks["requests"], self.docks["composer"]], [420, 200],
@@ -340,6 +344,8 @@ class MainWindow(QMainWindow):
             return
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
+        if not self.docks["tree"].visibleRegion().isEmpty():
+            self.tree.set_snapshot(frame.snapshot)
         self.requests.set_rows(frame.requests)
         self.timeline.add_records(frame.records)
         self.events.add_events(frame.events)
@@ -377,6 +383,7 @@ class MainWindow(QMainWindow):
         elif self.selection.block is not None:
             blocks = [self.selection.block]
         self.pool.highlight(blocks)
+        self.tree.highlight(blocks)
 
     def _on_request_selected(self, rid) -> None:
         self.requests.select(rid)

@@ -24,6 +24,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.ref_count = [0] * num_blocks
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.parent_hash: list[BlockHash | None] = [None] * num_blocks  # chain parent, if hashed
+        self.hits = [0] * num_blocks  # prefix hits served since the block was cached
         self.last_use = [-1] * num_blocks
         # Head = next block to reuse. Values unused: an OrderedDict is an O(1) linked set.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -79,13 +81,15 @@ class BlockPool:
                 else:
                     self.num_cached += 1
 
-    def cache(self, block: int, block_hash: BlockHash) -> bool:
-        """Register a full block under its hash. False if another block already holds that hash
-        (e.g. the recomputed last block of a full-prompt hit): the block then stays unhashed."""
+    def cache(self, block: int, block_hash: BlockHash, parent: BlockHash) -> bool:
+        """Register a full block under its hash (`parent`: the hash before it in the chain).
+        False if another block already holds that hash (e.g. the recomputed last block of a
+        full-prompt hit): the block then stays unhashed."""
         if block_hash in self.hash_to_block:
             return False
         self.hash_to_block[block_hash] = block
         self.block_hash[block] = block_hash
+        self.parent_hash[block] = parent
         self.dropped.pop(block_hash, None)
         return True
 
@@ -103,7 +107,8 @@ class BlockPool:
 
     def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:
         del self.hash_to_block[block_hash]
-        self.block_hash[block] = None
+        self.block_hash[block] = self.parent_hash[block] = None
+        self.hits[block] = 0
         self.dropped[block_hash] = (step, why)
         if len(self.dropped) > self.evicted_history:
             self.dropped.popitem(last=False)

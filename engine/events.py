@@ -9,6 +9,7 @@ from dataclasses import dataclass
 ALLOCATED = "allocated"  # fresh blocks taken from the pool for a request
 CACHE_HIT = "cache_hit"  # cached blocks reused by a request at admission
 CACHED = "cached"  # full blocks whose hash was registered: reusable from now on
+#                    (hashes: the blocks' short hashes, then their chain parents' short hashes)
 EVICTED = "evicted"  # cached blocks whose hash was dropped to reuse the block
 FREED = "freed"  # a request released its blocks (tail first)
 COW = "cow"  # copy-on-write: blocks = (source, copy)

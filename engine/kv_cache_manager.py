@@ -79,6 +79,8 @@ class KVCacheManager:
         if self._admit_cost(hit, num_new_tokens) > self.pool.num_available:
             return None
         self.pool.take(hit, self.step)
+        for b in hit:
+            self.pool.hits[b] += 1
         seq = _Seq(list(token_ids), keys, root, hashes, list(hit), num_cached, len(hit))
         self.seqs[request_id] = seq
         if hit:
@@ -164,11 +166,14 @@ class KVCacheManager:
                 parent = seq.hashes[-1] if seq.hashes else seq.root
                 seq.hashes += hash_blocks(parent, seq.token_ids[: num_full * self.block_size],
                                           self.block_size, len(seq.hashes))
-            cached = [(seq.table[i], seq.hashes[i]) for i in range(seq.num_registered, num_full)
-                      if self.pool.cache(seq.table[i], seq.hashes[i])]
-            if cached:
-                self.events.emit(ev.CACHED, self.step, request_id, [b for b, _ in cached],
-                                 hashes=[short_hash(h) for _, h in cached])
+            parents = [seq.root, *seq.hashes]
+            cached = [(seq.table[i], seq.hashes[i], parents[i])
+                      for i in range(seq.num_registered, num_full)
+                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i])]
+            if cached:  # hashes: the blocks' short hashes, then their parents'
+                self.events.emit(ev.CACHED, self.step, request_id, [b for b, _, _ in cached],
+                                 hashes=[short_hash(h) for _, h, _ in cached]
+                                 + [short_hash(p) for _, _, p in cached])
         seq.num_registered = num_full
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -218,6 +223,8 @@ class KVCacheManager:
         state[ref >= 2] = SHARED
         block_hash = np.fromiter((0 if h is None else short_hash(h) for h in pool.block_hash),
                                  dtype=np.uint64, count=n)
+        parent_hash = np.fromiter((0 if h is None else short_hash(h) for h in pool.parent_hash),
+                                  dtype=np.uint64, count=n)
         lru_rank = np.full(n, -1, dtype=np.int32)
         lru_rank[np.fromiter(pool.free_queue, dtype=np.int64, count=len(pool.free_queue))] = \
             np.arange(len(pool.free_queue), dtype=np.int32)
@@ -229,7 +236,8 @@ class KVCacheManager:
         return Snapshot(
             step=self.step, block_size=self.block_size, state=state, ref_count=ref, owner=owner,
             block_hash=block_hash, last_use=np.array(pool.last_use, dtype=np.int64),
-            lru_rank=lru_rank,
+            lru_rank=lru_rank, parent_hash=parent_hash,
+            hit_count=np.array(pool.hits, dtype=np.int32),
             block_tables={r: np.array(s.table, dtype=np.int32) for r, s in self.seqs.items()},
             num_computed_tokens={r: s.num_computed for r, s in self.seqs.items()},
             num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,

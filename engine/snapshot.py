@@ -21,6 +21,9 @@ class Snapshot:
     block_hash: np.ndarray  # uint64 [num_blocks]: short hash, 0 if the block has none
     last_use: np.ndarray  # int64 [num_blocks]: step of last allocation/hit/release, -1 never
     lru_rank: np.ndarray  # int32 [num_blocks]: 0 = next block to be reused; -1 if held
+    parent_hash: np.ndarray  # uint64 [num_blocks]: short hash of the chain parent (the root of
+    #                          the identity for a first block), 0 if the block has no hash
+    hit_count: np.ndarray  # int32 [num_blocks]: prefix hits served since the block was cached
     block_tables: dict[int, np.ndarray] = field(default_factory=dict)  # request -> int32 ids
     num_computed_tokens: dict[int, int] = field(default_factory=dict)  # request -> tokens in KV
     num_free_blocks: int = 0  # ref 0, no hash

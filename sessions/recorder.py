@@ -536,6 +536,7 @@ def _raw_pool(mgr) -> SimpleNamespace:
     return SimpleNamespace(
         step=mgr.step, block_size=mgr.block_size, ref_count=pool.ref_count[:],
         block_hash=pool.block_hash[:], last_use=pool.last_use[:],
+        parent_hash=pool.parent_hash[:], hits=pool.hits[:],
         free_queue=list(pool.free_queue),
         tables={r: s.table[:] for r, s in mgr.seqs.items()},
         nct={r: s.num_computed for r, s in mgr.seqs.items()},
@@ -550,11 +551,17 @@ _NO_HASH = bytes(8)
 
 def _snapshot_from_raw(raw: SimpleNamespace) -> Snapshot:
     """On the writer thread: the Snapshot the manager would have produced from this state."""
-    short = b"".join([_NO_HASH if h is None else h[:8] for h in raw.block_hash])  # short_hash
     return build_snapshot(raw.step, raw.block_size, np.array(raw.ref_count, dtype=np.int32),
-                          np.frombuffer(short, dtype="<u8").astype(np.uint64),
+                          _short_hashes(raw.block_hash),
                           np.array(raw.last_use, dtype=np.int64), raw.free_queue, raw.tables,
-                          raw.nct, raw.totals)
+                          raw.nct, raw.totals, _short_hashes(raw.parent_hash),
+                          np.array(raw.hits, dtype=np.int32))
+
+
+def _short_hashes(hashes: list) -> np.ndarray:
+    """short_hash of each (0 for None), vectorised."""
+    short = b"".join([_NO_HASH if h is None else h[:8] for h in hashes])
+    return np.frombuffer(short, dtype="<u8").astype(np.uint64)
 
 
 def _metrics_row(m) -> dict:

@@ -36,6 +36,8 @@ class PoolReplay:
         hashed = (s.state == CACHED) | (s.block_hash != 0)
         self.hash = np.where(hashed, s.block_hash, 0).tolist()
         self.last_use = s.last_use.tolist()
+        self.parent = np.where(hashed, s.parent_hash, 0).tolist()
+        self.hits = s.hit_count.tolist()
         queued = np.flatnonzero(s.lru_rank >= 0)
         order = queued[np.argsort(s.lru_rank[queued], kind="stable")]
         self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(order.tolist())
@@ -103,14 +105,20 @@ class PoolReplay:
                 last[b] = st
             self.tables.setdefault(rid, []).extend(blocks)
         elif kind == ev.EVICTED:
-            for b in blocks:
-                self.hash[b] = 0
-        elif kind == ev.CACHED:
-            for b, h in zip(blocks, hashes, strict=True):
-                self.hash[b] = h
+            self._drop(blocks)
+        elif kind == ev.CACHED:  # hashes: the blocks' hashes, then their chain parents'
+            n = len(blocks)
+            if len(hashes) != 2 * n:
+                raise ReplayError(f"step {st}: cached event with {len(hashes)} hashes for {n} "
+                                  "blocks")
+            for b, h, p in zip(blocks, hashes[:n], hashes[n:], strict=True):
+                self.hash[b], self.parent[b] = h, p
         elif kind in (ev.CACHE_HIT, ev.FORKED):  # a prefix hit, or a child sharing its parent's
             self._take(blocks, st)
             self.tables[rid] = list(blocks)
+            if kind == ev.CACHE_HIT:
+                for b in blocks:
+                    self.hits[b] += 1
         elif kind == ev.FREED:
             self._release(blocks, st)
             self.tables.pop(rid, None)
@@ -124,11 +132,15 @@ class PoolReplay:
             table.pop()  # the copy was allocated (ALLOCATED) just before, not appended
             table[table.index(src)] = dst
         elif kind == ev.RESET:
-            for b in blocks:
-                self.hash[b] = 0
+            self._drop(blocks)
             for b in reversed(blocks):
                 if self.ref[b] == 0:
                     self.queue.move_to_end(b, last=False)
+
+    def _drop(self, blocks) -> None:
+        """Hashes dropped (evicted or reset): the parent link and the hit count go with them."""
+        for b in blocks:
+            self.hash[b] = self.parent[b] = self.hits[b] = 0
 
     def end_step(self, step: int, nct: dict[int, int], totals: dict[str, int]) -> None:
         """Close a step: the live requests are those with computed-token counts."""
@@ -150,12 +162,14 @@ class PoolReplay:
         return build_snapshot(self.step, self.block_size, np.array(self.ref, dtype=np.int32),
                               np.array(self.hash, dtype=np.uint64),
                               np.array(self.last_use, dtype=np.int64), self.queue, self.tables,
-                              self.nct, self.totals)
+                              self.nct, self.totals, np.array(self.parent, dtype=np.uint64),
+                              np.array(self.hits, dtype=np.int32))
 
 
 def build_snapshot(step: int, block_size: int, ref: np.ndarray, block_hash: np.ndarray,
                    last_use: np.ndarray, queue, tables: dict[int, list[int]],
-                   nct: dict[int, int], totals: dict[str, int]) -> Snapshot:
+                   nct: dict[int, int], totals: dict[str, int], parent_hash: np.ndarray,
+                   hit_count: np.ndarray) -> Snapshot:
     """A Snapshot from pool state, computed exactly as KVCacheManager.snapshot does: `queue` is
     the free queue in LRU order (head first), `block_hash` the short hashes (0: none)."""
     n = len(ref)
@@ -174,7 +188,8 @@ def build_snapshot(step: int, block_size: int, ref: np.ndarray, block_hash: np.n
     num_cached = int((hashed & (ref == 0)).sum())
     return Snapshot(
         step=step, block_size=block_size, state=state, ref_count=ref, owner=owner,
-        block_hash=block_hash, last_use=last_use, lru_rank=lru_rank,
+        block_hash=block_hash, last_use=last_use, lru_rank=lru_rank, parent_hash=parent_hash,
+        hit_count=hit_count,
         block_tables={r: np.array(t, dtype=np.int32) for r, t in tables.items()},
         num_computed_tokens=dict(nct),
         num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,

@@ -54,7 +54,8 @@ TOTALS = {
     "num_cow_copies": "total_cow_copies",
 }
 
-KEYFRAME_ARRAYS = ("state", "ref_count", "owner", "block_hash", "last_use", "lru_rank")
+KEYFRAME_ARRAYS = ("state", "ref_count", "owner", "block_hash", "last_use", "lru_rank",
+                   "parent_hash", "hit_count")
 
 _PY_TYPES = {"int": int, "float": float, "bool": int, "str": str}
 

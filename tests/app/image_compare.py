@@ -20,7 +20,8 @@ UPDATE = os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1"
 
 
 def to_array(image: QImage) -> np.ndarray:
-    image = image.convertToFormat(QImage.Format_RGB32)
+    """[height, width, 3] uint8 in R, G, B order."""
+    image = image.convertToFormat(QImage.Format_RGBA8888)
     h, w = image.height(), image.width()
     data = np.frombuffer(image.constBits(), dtype=np.uint8, count=image.sizeInBytes())
     return data.reshape(h, image.bytesPerLine() // 4, 4)[:, :w, :3].copy()

@@ -168,7 +168,7 @@ def test_screenshot(panel, qtbot):
     assert (image.width(), image.height()) == SIZE
     ARTIFACTS.mkdir(exist_ok=True)
     image.save(str(ARTIFACTS / "capacity_panel.png"))
-    plot = to_array(panel.plot.grab().toImage())[..., ::-1].astype(int)  # BGR -> RGB
+    plot = to_array(panel.plot.grab().toImage()).astype(int)
     for kind, color in KIND_COLORS.items():  # every layout's line is drawn in its colour
         rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(plot - rgb).max(axis=2) < 30).sum() > 50, f"no {kind} line"
