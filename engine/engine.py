@@ -95,6 +95,7 @@ class Engine:
         self._generators: dict[int, torch.Generator | None] = {}
         self._pending: list[RequestOutput] = []  # rejected / cancelled, reported by next step
         self._subscribers: list[Subscription] = []
+        self._step_listeners: list = []
         self.num_steps = 0
         self.eos_token_ids = set(loaded.config.eos_token_ids)
 
@@ -192,6 +193,14 @@ class Engine:
     def unsubscribe(self, sub: Subscription) -> None:
         self._subscribers.remove(sub)
 
+    def add_step_listener(self, fn) -> None:
+        """fn(StepUpdate) on the engine thread at the end of every step (a failed one too).
+        It must be quick and must not raise: the recorder's capture uses this."""
+        self._step_listeners.append(fn)
+
+    def remove_step_listener(self, fn) -> None:
+        self._step_listeners.remove(fn)
+
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """One scheduler step: prefill chunks and decodes. Returns the requests that produced a
@@ -216,10 +225,12 @@ class Engine:
             rec.wall_s = time.monotonic() - t0
             self.step_records.append(rec)
             self.num_steps += 1
-            if self._subscribers:
+            if self._subscribers or self._step_listeners:
                 update = StepUpdate(rec, self.events.drain(), outputs)
                 for sub in self._subscribers:
                     sub._queue.put(update)
+                for fn in list(self._step_listeners):
+                    fn(update)
         return outputs
 
     def _fail(self, reqs: list[Request], error: Exception) -> None:
@@ -329,7 +340,8 @@ class Engine:
                             num_computed_tokens=parent.num_computed_tokens)
             self.requests[rid] = child
             self._generators[rid] = make_generator(parent.params, salt=k)
-            self.manager.fork(parent.request_id, rid)
+            if self.config.enable_kv_cache:
+                self.manager.fork(parent.request_id, rid)
             self.scheduler.running.append(child)
             children.append(child)
         parent.pending_forks = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 # Block events (the cache manager).
@@ -43,21 +44,26 @@ class Event:
 
 
 class EventLog:
-    """An append-only buffer that the producer never waits on; consumers drain it."""
+    """An append-only buffer that the producer never waits on; consumers drain it. Bounded: when
+    nobody drains it, the oldest events go (counted in `num_dropped`) rather than memory."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, capacity: int = 1 << 16):
         self.enabled = enabled
-        self._events: list[Event] = []
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self.num_dropped = 0
 
     def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="") -> None:
         if self.enabled:
+            if len(self._events) == self._events.maxlen:
+                self.num_dropped += 1
             self._events.append(
                 Event(kind, step, request_id, tuple(blocks), time.monotonic_ns(), tuple(hashes),
                       detail)
             )
 
     def drain(self) -> list[Event]:
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
 
     def __len__(self) -> int:

@@ -141,9 +141,6 @@ class Recorder:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()  # set by close(): write what is left and stop
         self._thread: threading.Thread | None = None
-        self._sub = None
-        self._wrapper = None
-        self._prev_step = None
         self._started = self._closed = False
         self._salt_key = secrets.token_bytes(32)  # never stored: digests only group salts
         # engine-thread state
@@ -240,47 +237,16 @@ class Recorder:
 
     # ------------------------------------------------------------ engine hook
     def _hook(self) -> None:
-        engine = self.engine
-        if hasattr(engine, "add_step_listener"):  # see the proposal in the sessions report
-            engine.add_step_listener(self._on_update)
-            return
-        # Otherwise subscribe, and wrap this engine instance's step: engine.generate, a
-        # WorkloadRunner and the GUI worker all call it.
-        self._sub = engine.subscribe()
-        self._prev_step = engine.__dict__.get("step")
-        inner = engine.step
-
-        def step(*args, **kwargs):
-            try:
-                outputs = inner(*args, **kwargs)
-            except BaseException:
-                self._force_kf = True  # the state may have moved without a published step
-                raise
-            if not self._closed:
-                self._after_step(self._sub.drain())
-            return outputs
-
-        self._wrapper = step
-        engine.step = step
+        self.engine.add_step_listener(self._on_update)
 
     def _on_update(self, update) -> None:
-        """A step listener: called on the engine thread at the end of each step."""
+        """A step listener: called on the engine thread at the end of each step (failed steps
+        included: the engine publishes them too)."""
         if not self._closed:
             self._after_step([update])
 
     def _unhook(self) -> None:
-        engine = self.engine
-        if self._sub is None:
-            engine.remove_step_listener(self._on_update)
-            return
-        if engine.__dict__.get("step") is self._wrapper:
-            if self._prev_step is None:
-                del engine.step
-            else:
-                engine.step = self._prev_step
-        # else: someone wrapped on top of us; our wrapper stays as a pass-through (closed)
-        self._after_step(self._sub.drain())  # steps that bypassed the wrapper, if any
-        engine.unsubscribe(self._sub)
+        self.engine.remove_step_listener(self._on_update)
 
     # --------------------------------------------------- engine thread: capture
     def _after_step(self, updates: list) -> None:

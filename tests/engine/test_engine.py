@@ -223,3 +223,22 @@ def test_a_failing_forward_fails_its_requests_and_the_engine_serves_on(tiny_llam
     assert [o.finish_reason for o in out] == ["error"]  # reported once, by the next step
     b = engine.generate([prompt(20, seed=91)], GREEDY)[0]
     assert b.finish_reason == "length" and len(b.token_ids) == 16
+
+
+def test_parallel_sampling_in_the_naive_loop(tiny_llama):
+    outs = make(tiny_llama, enable_kv_cache=False).generate(
+        [prompt(10, seed=95)], SamplingParams(max_tokens=5, n=2, ignore_eos=True))
+    single = make(tiny_llama).generate([prompt(10, seed=95)],
+                                       SamplingParams(max_tokens=5, ignore_eos=True))[0]
+    assert [o.token_ids for o in outs] == [single.token_ids] * 2
+
+
+def test_the_event_log_is_bounded_when_nobody_drains_it():
+    from kvscope.engine.events import EventLog
+
+    log = EventLog(capacity=10)
+    for i in range(25):
+        log.emit("allocated", i, 1, (i,))
+    assert log.num_dropped == 15
+    assert [e.step for e in log.drain()] == list(range(15, 25))
+    assert log.drain() == []

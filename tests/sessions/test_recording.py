@@ -140,14 +140,14 @@ def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
     engine = make_engine(tiny_model_dir, num_blocks=64)
     path = tmp_path / "gen.kvscope"
     rec = Recorder(path, engine).start()
-    assert "step" in vars(engine)
+    assert engine._step_listeners == [rec._on_update]
     engine.generate([[5, 6, 7, 8, 9, 10]] * 3, SamplingParams(max_tokens=5, ignore_eos=True))
     doomed = engine.add_request([9] * 10, SamplingParams(max_tokens=8))
     engine.step()
     engine.cancel(doomed)  # after the last recorded step
     late = engine.add_request([7] * 5, SamplingParams(max_tokens=2))  # never stepped
     rec.close()
-    assert "step" not in vars(engine)
+    assert engine._step_listeners == []
     engine.step()  # no longer recorded, and nothing breaks
     assert rec.status().steps_written == engine.num_steps - 1
     assert rec.close().steps_written == engine.num_steps - 1  # idempotent
@@ -156,42 +156,6 @@ def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
     assert (rows[doomed].status, rows[doomed].finish_reason) == ("finished", "cancelled")
     assert (rows[late].status, rows[late].output_tokens) == ("waiting", 0)
     assert all(rows[r].finish_reason == "length" for r in range(3))
-
-
-def test_an_engine_with_step_listeners_is_not_wrapped(tmp_path, tiny_model_dir):
-    """The engine hook proposed for engine.py (add_step_listener), emulated by a subclass: the
-    recorder uses it instead of wrapping engine.step, with the same result."""
-    from kvscope.engine import EngineConfig
-    from kvscope.engine.engine import Engine
-    from kvscope.engine.loader import load_model
-
-    class ListeningEngine(Engine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._listeners, self._tap = [], self.subscribe()
-
-        def add_step_listener(self, fn):
-            self._listeners.append(fn)
-
-        def remove_step_listener(self, fn):
-            self._listeners.remove(fn)
-
-        def step(self):
-            outputs = super().step()
-            for update in self._tap.drain():
-                for fn in list(self._listeners):
-                    fn(update)
-            return outputs
-
-    engine = ListeningEngine(load_model(tiny_model_dir), EngineConfig(
-        block_size=4, num_blocks=40, max_num_batched_tokens=48, max_num_seqs=8))
-    live = []
-    with Recorder(tmp_path / "listen.kvscope", engine, keyframe_every=9):
-        assert "step" not in vars(engine) and len(engine._listeners) == 1
-        drive(engine, max_steps=80, on_step=lambda e: live.append(e.snapshot()))
-    assert engine._listeners == []
-    with SessionReader(tmp_path / "listen.kvscope") as s:
-        assert all(s.snapshot_at(x.step).equals(x) for x in live) and s.num_steps == len(live)
 
 
 def test_recording_driven_from_a_worker_thread(tmp_path, tiny_model_dir):
