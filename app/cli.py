@@ -84,8 +84,28 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a workload file, or the name of a shipped one: "
                      + ", ".join(shipped_workloads()))
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--record", metavar="FILE", default=None,
+                     help="record the session to FILE (.kvscope) for replay and export")
+    run.add_argument("--record-text", action="store_true",
+                     help="with --record: also store prompt and output text (default: token "
+                     "counts and block hashes only)")
+    run.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
     _engine_options(run)
     run.set_defaults(func=cmd_run)
+
+    exp = sub.add_parser("export", help="export a recorded session (Perfetto trace, CSV)",
+                         description="Export a .kvscope session: Chrome Trace Event JSON that "
+                         "opens in ui.perfetto.dev, and/or requests.csv and steps.csv.")
+    exp.add_argument("session", metavar="SESSION")
+    exp.add_argument("--chrome-trace", metavar="OUT.json", default=None)
+    exp.add_argument("--csv", metavar="DIR", default=None)
+    exp.set_defaults(func=cmd_export)
+
+    rep = sub.add_parser("replay", help="open a recorded session in the window",
+                         description="Replay a .kvscope session in the desktop application: "
+                         "the same panels, with a scrubber.")
+    rep.add_argument("session", metavar="SESSION")
+    rep.set_defaults(func=cmd_replay)
 
     gen = sub.add_parser("generate", help="generate text for one or more prompts",
                          description="Generate a completion for each prompt and print it.")
@@ -208,9 +228,20 @@ def describe_engine(engine, model: str) -> str:
 
 # -------------------------------------------------------------------------------- commands
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.record_text and not args.record:
+        raise CliError("--record-text needs --record FILE")
     path = resolve_workload(args.workload)
     workload = load_workload(path)  # before the model: a bad line fails fast
     engine = load_engine(args)
+    recorder = status = None
+    if args.record:
+        from kvscope.sessions import Recorder
+
+        try:
+            recorder = Recorder(args.record, engine, record_text=args.record_text,
+                                overwrite=args.overwrite).start()
+        except (OSError, ValueError) as e:
+            raise CliError(f"--record: {e}") from None
     bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
     runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     interrupted = False
@@ -223,12 +254,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if bar:
             bar.close()
+        if recorder is not None:
+            status = recorder.close()
     print(f"kvscope run: {path.name}: {describe_engine(engine, args.model)}")
     print(format_summary(summarize(engine, result)))
+    if status is not None:
+        print(f"recorded {status.steps_written} steps, {status.events_written} events to "
+              f"{args.record}" + (f" (the recorder stopped early: {status.error})"
+                                  if status.error else ""))
     if interrupted:
         print("interrupted: unfinished requests were cancelled")
         return 130
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
+
+    if not (args.chrome_trace or args.csv):
+        raise CliError("export: give --chrome-trace OUT.json and/or --csv DIR")
+    try:
+        with SessionReader(args.session) as reader:
+            if args.chrome_trace:
+                out = export_chrome_trace(reader, args.chrome_trace)
+                print(f"wrote {out} (open it in https://ui.perfetto.dev)")
+            if args.csv:
+                for p in export_csv(reader, args.csv):
+                    print(f"wrote {p}")
+    except SessionError as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"export: {e}") from None
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kvscope.sessions import SessionError, SessionReader
+
+    try:  # a bad file is reported here, before any window opens
+        SessionReader(args.session).close()
+    except SessionError as e:
+        raise CliError(str(e)) from None
+    from kvscope.app.gui import run_gui
+
+    return run_gui(session=args.session)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

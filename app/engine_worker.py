@@ -63,12 +63,14 @@ class EngineWorker(QObject):
     load_failed = Signal(str, str)  # message, detail
     engine_error = Signal(str, str)  # message, detail (the engine is paused, the app runs on)
     running_changed = Signal(bool)
+    recording_changed = Signal(object, str)  # path or None, a one-line status
     idle = Signal()  # nothing left to do
 
     def __init__(self):
         super().__init__()
         self.engine = None
         self.runner = None  # a WorkloadRunner feeding the engine, if a workload is running
+        self.recorder = None
         self.running = False
         self._lock = threading.Lock()
         self._frame = Frame()
@@ -80,6 +82,7 @@ class EngineWorker(QObject):
         from kvscope.engine import Engine  # torch import stays off the GUI's start-up path
 
         self.pause()
+        self.stop_recording()
         try:
             engine = Engine.from_pretrained(model, config)
         except Exception as e:  # noqa: BLE001 - every failure is shown, none crashes the app
@@ -98,6 +101,33 @@ class EngineWorker(QObject):
             return
         self.engine.add_request(prompt, params, cache_salt)
         self._publish()
+
+    @Slot(str, bool)
+    def start_recording(self, path: str, record_text: bool) -> None:
+        """The recorder is created and closed here, on the thread that steps the engine."""
+        from kvscope.sessions import Recorder
+
+        if self.engine is None:
+            return
+        self.stop_recording()
+        try:
+            self.recorder = Recorder(path, self.engine, record_text=record_text,
+                                     overwrite=True).start()
+        except (OSError, ValueError) as e:
+            self.engine_error.emit(f"Cannot record to {path}: {e}", traceback.format_exc())
+            return
+        self.recording_changed.emit(path, "recording" + (" (with text)" if record_text else ""))
+
+    @Slot()
+    def stop_recording(self) -> None:
+        if self.recorder is None:
+            return
+        recorder, self.recorder = self.recorder, None
+        status = recorder.close()
+        note = f"recorded {status.steps_written} steps to {recorder.path}"
+        if status.error:
+            note += f" (stopped early: {status.error})"
+        self.recording_changed.emit(None, note)
 
     @Slot(object)
     def run_workload(self, workload) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 
 
-def run_gui(model: str = "demo", argv: list[str] | None = None) -> int:
+def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | None = None
+            ) -> int:
+    """Open the window with `model` loaded, or replaying `session` (a .kvscope file)."""
     import pyqtgraph as pg
     from PySide6.QtWidgets import QApplication
 
@@ -17,6 +19,9 @@ def run_gui(model: str = "demo", argv: list[str] | None = None) -> int:
     pg.setConfigOptions(antialias=False)
     window = MainWindow()
     window.show()
-    window.model_box.setEditText(model)
-    window.load_model(model)
+    if session is not None:
+        window.open_session(session)
+    else:
+        window.model_box.setEditText(model)
+        window.load_model(model)
     return app.exec()

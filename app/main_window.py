@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QProgressDialog,
     QSpinBox,
     QVBoxLayout,
@@ -23,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.banner import ErrorBanner
-from kvscope.app.engine_worker import EngineWorker, Frame
+from kvscope.app.engine_worker import EngineWorker, Frame, RequestRow
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
@@ -33,6 +34,7 @@ from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.timeline import Timeline
+from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
 from kvscope.engine.config import EngineConfig
 
@@ -54,6 +56,8 @@ class MainWindow(QMainWindow):
     pause_requested = Signal()
     step_requested = Signal()
     cancel_requested = Signal(int)
+    record_requested = Signal(str, bool)
+    stop_record_requested = Signal()
 
     def __init__(self, settings: QSettings | None = None):
         super().__init__()
@@ -64,6 +68,9 @@ class MainWindow(QMainWindow):
         self.snapshot = None
         self.model_name = "demo"
         self.running = False
+        self.reader = None  # a SessionReader while replaying
+        self.recording_path: str | None = None
+        self.last_session: str | None = None  # the latest recording, for export
         self._token_window: list[tuple[float, int]] = []
         self._build_panels()
         self._build_toolbar()
@@ -80,10 +87,15 @@ class MainWindow(QMainWindow):
     def _build_panels(self) -> None:
         self.banner = ErrorBanner()
         self.pool = PoolView()
+        self.replay_bar = ReplayBar()
+        self.replay_bar.hide()
+        self.replay_bar.step_changed.connect(self.show_replay_step)
+        self.replay_bar.leave_requested.connect(self.leave_replay)
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.banner)
+        layout.addWidget(self.replay_bar)
         layout.addWidget(self.pool, 1)
         self.setCentralWidget(central)
         self.requests = RequestsPanel()
@@ -135,8 +147,15 @@ class MainWindow(QMainWindow):
         self.act_pause = self._action("Pause ❚❚", "Space", self.pause)
         self.act_step = self._action("Step ›", "N", self.step_once)
         self.act_step.setShortcuts([QKeySequence("N"), QKeySequence(Qt.Key_Right)])
+        self.act_step.setToolTip("Step (N or →); in replay, the next recorded step")
         self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
-        for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step):
+        self.act_back = self._action("Step back", "Left", lambda: self.replay_step_by(-1))
+        self.act_record = self._action("Record ●", "Ctrl+R", self.toggle_recording)
+        self.act_record.setCheckable(True)
+        self.act_open_session = self._action("Open session…", "Ctrl+O", self.open_session_dialog)
+        self.act_export = self._action("Export…", "Ctrl+E", self.export_dialog)
+        for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step,
+                  self.act_record, self.act_open_session, self.act_export):
             tb.addAction(a)
         self.addAction(self.act_filter)
         tb.addSeparator()
@@ -177,6 +196,9 @@ class MainWindow(QMainWindow):
         self.pause_requested.connect(self.worker.pause)
         self.step_requested.connect(self.worker.step_once)
         self.cancel_requested.connect(self.worker.cancel)
+        self.record_requested.connect(self.worker.start_recording)
+        self.stop_record_requested.connect(self.worker.stop_recording)
+        self.worker.recording_changed.connect(self._on_recording_changed)
         self.worker.model_loaded.connect(self._on_model_loaded)
         self.worker.load_failed.connect(self._on_load_failed)
         self.worker.engine_error.connect(self._on_engine_error)
@@ -215,6 +237,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState())
         self.pause_requested.emit()
+        self.stop_record_requested.emit()  # queued before quit: the file is finalised
         self.device.stop()
         self.thread.quit()
         self.thread.wait(5000)
@@ -284,10 +307,143 @@ class MainWindow(QMainWindow):
         self.workload_requested.emit(workload)
 
     def pause(self) -> None:
+        if self.reader is not None:
+            self.replay_bar.play_button.setChecked(not self.replay_bar.play_button.isChecked())
+            return
         self.pause_requested.emit()
 
     def step_once(self) -> None:
+        if self.reader is not None:
+            self.replay_step_by(1)
+            return
         self.step_requested.emit()
+
+    # -------------------------------------------------------------- sessions
+    def toggle_recording(self) -> None:
+        if self.recording_path is not None:
+            self.stop_record_requested.emit()
+            return
+        self.act_record.setChecked(False)  # checked once the worker says it records
+        if self.engine is None:
+            self.banner.show_error("Load a model before recording.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Record the session to", "session.kvscope",
+                                              "kvscope sessions (*.kvscope)")
+        if path:
+            text = QMessageBox.question(
+                self, "Record text?", "Also store prompt and output text in the file?\n\n"
+                "Without it the file holds token counts and block hashes only.",
+                QMessageBox.Yes | QMessageBox.No, QMessageBox.No) == QMessageBox.Yes
+            self.start_recording(path, text)
+
+    def start_recording(self, path: str, record_text: bool = False) -> None:
+        self.record_requested.emit(path, record_text)
+
+    def _on_recording_changed(self, path, note: str) -> None:
+        if path is None and self.recording_path is not None:
+            self.last_session = self.recording_path
+        self.recording_path = path
+        self.act_record.setChecked(path is not None)
+        self.act_record.setText("Stop recording ■" if path else "Record ●")
+        self.statusBar().showMessage(note if path is None else f"{note} to {path}", 8000)
+
+    def open_session_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a recorded session", "",
+                                              "kvscope sessions (*.kvscope);;All files (*)")
+        if path:
+            self.open_session(path)
+
+    def open_session(self, path: str) -> bool:
+        from kvscope.sessions import SessionError, SessionReader
+
+        try:
+            reader = SessionReader(path)
+            if reader.num_steps == 0:
+                reader.close()
+                raise SessionError(f"{path}: the session has no recorded steps")
+            events = reader.events_between(reader.first_step, reader.last_step)
+        except SessionError as e:
+            self.banner.show_error(f"Cannot open the session: {e}")
+            return False
+        self.pause_requested.emit()
+        if self.reader is not None:
+            self.reader.close()
+        self.reader = reader
+        self.banner.hide()
+        self.timeline.clear()
+        self.timeline.add_records(reader.steps())
+        self.events.clear()
+        self.events.add_events(events)
+        self.requests.set_rows([_recorded_row(r) for r in reader.requests()])
+        self.replay_bar.set_session(reader.first_step, reader.last_step, events)
+        self.replay_bar.show()
+        self.show_replay_step(reader.first_step)
+        return True
+
+    def show_replay_step(self, step: int) -> None:
+        if self.reader is None:
+            return
+        from kvscope.sessions import SessionError
+
+        try:
+            snap = self.reader.snapshot_at(step)
+            evicted = [b for e in self.reader.events_at(step) if e.kind == "evicted"
+                       for b in e.blocks]
+        except SessionError as e:
+            self.banner.show_error(f"Cannot show step {step}: {e}")
+            return
+        self.snapshot = snap
+        self.pool.set_snapshot(snap, np.asarray(evicted, dtype=np.int64))
+        self.tree.set_snapshot(snap)
+        self.selection.select_step(step)
+        self._refresh_selection()
+        self.replay_bar.label.setText(f"step {step} / {self.reader.last_step}")
+        self.status.setText(f"replay · {Path(self.reader.path).name} · "
+                            f"{self.reader.meta.model_name} · step {step} · "
+                            f"{snap.num_active_blocks}/{snap.num_blocks} used · "
+                            f"{snap.num_cached_blocks} cached · hit {snap.token_hit_rate:.0%}")
+
+    def replay_step_by(self, delta: int) -> None:
+        if self.reader is not None:
+            self.replay_bar.step_by(delta)
+
+    def leave_replay(self) -> None:
+        if self.reader is None:
+            return
+        self.reader.close()
+        self.reader = None
+        self.replay_bar.play_button.setChecked(False)
+        self.replay_bar.hide()
+        self.timeline.clear()
+        self.events.clear()
+        self.requests.set_rows([])
+        self.snapshot = None
+        self.status.setText(f"{self.model_name} · live · {HINT}")
+
+    def export_dialog(self) -> None:
+        path = str(self.reader.path) if self.reader is not None else self.last_session
+        if path is None:
+            self.banner.show_error("Nothing to export yet: record a session (Ctrl+R) or open "
+                                   "one (Ctrl+O).")
+            return
+        out, kind = QFileDialog.getSaveFileName(
+            self, "Export the session", str(Path(path).with_suffix(".json")),
+            "Chrome trace for ui.perfetto.dev (*.json);;CSV files (a folder)")
+        if out:
+            self.export(path, out, csv=kind.startswith("CSV"))
+
+    def export(self, session: str, out: str, csv: bool = False) -> list[str]:
+        from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
+
+        try:
+            with SessionReader(session) as reader:
+                written = ([str(p) for p in export_csv(reader, out)] if csv
+                           else [str(export_chrome_trace(reader, out))])
+        except (SessionError, OSError) as e:
+            self.banner.show_error(f"Export failed: {e}")
+            return []
+        self.statusBar().showMessage("wrote " + ", ".join(written), 8000)
+        return written
 
     def focus_event_filter(self) -> None:
         self.docks["events"].show()
@@ -339,6 +495,8 @@ class MainWindow(QMainWindow):
 
     # -------------------------------------------------------------- frames
     def pull_frame(self) -> None:
+        if self.reader is not None:
+            return  # replaying: the live engine is paused and its frames wait
         frame: Frame | None = self.worker.take_frame()
         if frame is None:
             return
@@ -404,3 +562,11 @@ class MainWindow(QMainWindow):
             self.selection.select_request(event.request_id)
         if event.blocks:
             self.pool.highlight(np.asarray(event.blocks))
+
+
+def _recorded_row(r) -> RequestRow:
+    """A requests-table row from a recorded request (its state when the recording ended)."""
+    state = f"finished: {r.finish_reason}" if r.status == "finished" else r.status
+    return RequestRow(r.request_id, state, r.prompt_tokens, r.cached_tokens or 0,
+                      r.output_tokens or 0, r.ttft_s, r.tpot_s, r.salt_digest, r.parent_id,
+                      r.output_text or "")

@@ -3,7 +3,7 @@
 Usage (from whichever thread drives the engine: a script, the CLI, the GUI's worker thread)::
 
     rec = Recorder("run.kvscope", engine, record_text=False, keyframe_every=64)
-    rec.start()            # creates the file and hooks engine.step
+    rec.start()            # creates the file and adds a step listener to the engine
     ...                    # engine.step() / engine.generate() / a WorkloadRunner, as usual
     rec.status()           # RecorderStatus: steps written, backlog, lagging, error (any thread)
     rec.close()            # unhooks, flushes, finalises (on the engine's thread, engine idle)

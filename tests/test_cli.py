@@ -180,3 +180,24 @@ def test_other_user_errors_exit_2(capsys):
 def test_prompt_rejected_by_the_engine_exits_2(capsys):
     err = one_line_error(capsys, ["generate", "--num-blocks", "2", "--max-tokens", "64", "hi"])
     assert "prompt 1 rejected" in err and "the KV pool has only 2" in err
+
+
+def test_run_records_and_export_writes_a_trace_and_csv(tmp_path, capsys):
+    session = tmp_path / "run.kvscope"
+    assert cli.main(["run", "--workload", "two_tenants", "--no-progress", "--record",
+                     str(session), "--threads", "1"]) == 0
+    out, _ = capsys.readouterr()
+    assert f"to {session}" in out
+    trace, csv_dir = tmp_path / "t.json", tmp_path / "csv"
+    assert cli.main(["export", str(session), "--chrome-trace", str(trace), "--csv",
+                     str(csv_dir)]) == 0
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert (csv_dir / "requests.csv").read_text().count("\n") > 1
+    assert cli.main(["run", "--workload", "two_tenants", "--record-text"]) == 2
+
+
+def test_replay_of_a_bad_file_exits_2_before_any_window(tmp_path, capsys):
+    bad = tmp_path / "bad.kvscope"
+    bad.write_bytes(b"\0" * 4096)
+    assert cli.main(["replay", str(bad)]) == 2
+    assert "kvscope: error:" in capsys.readouterr().err

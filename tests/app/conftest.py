@@ -39,6 +39,8 @@ def step(window, qtbot, n: int = 1) -> None:
     for _ in range(n):
         window.step_requested.emit()
     qtbot.waitUntil(lambda: window.engine.num_steps >= target, timeout=20_000)
-    qtbot.waitUntil(lambda: window.snapshot is not None and window.snapshot.step == target - 1,
-                    timeout=5_000)
+    # Wait for the frame that carries the last step's record (a frame published before the
+    # first step also says step 0).
+    qtbot.waitUntil(lambda: len(window.timeline.data["step"]) and
+                    window.timeline.data["step"][-1] == target - 1, timeout=5_000)
 
