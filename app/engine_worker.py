@@ -92,7 +92,7 @@ class EngineWorker(QObject):
         self._sub = engine.subscribe()
         with self._lock:
             self._frame = Frame()
-        self._publish()
+        self._publish(force=True)
         self.model_loaded.emit(engine)
 
     @Slot(object, object, object)
@@ -100,7 +100,7 @@ class EngineWorker(QObject):
         if self.engine is None:
             return
         self.engine.add_request(prompt, params, cache_salt)
-        self._publish()
+        self._publish(force=True)
 
     @Slot(str, bool)
     def start_recording(self, path: str, record_text: bool) -> None:
@@ -161,17 +161,19 @@ class EngineWorker(QObject):
         self.pause()
         if self._step() is None:
             self.idle.emit()
+        elif self.engine is not None:
+            self._publish(force=True)
 
     @Slot(int)
     def cancel(self, request_id: int) -> None:
         if self.engine is not None and self.engine.cancel(request_id):
-            self._publish()
+            self._publish(force=True)
 
     @Slot()
     def reset_prefix_cache(self) -> None:
         if self.engine is not None:
             self.engine.manager.reset_prefix_cache()
-            self._publish()
+            self._publish(force=True)
 
     # ------------------------------------------------------------- loop
     def _schedule(self) -> None:
@@ -189,6 +191,7 @@ class EngineWorker(QObject):
         if not self.running:
             return
         if delay is None:
+            self._publish(force=True)
             self.pause()
             self.idle.emit()
         elif delay > 0:
@@ -220,22 +223,28 @@ class EngineWorker(QObject):
         self._publish()
         return delay
 
-    def _publish(self) -> None:
+    def _publish(self, force: bool = False) -> None:
+        """Fold the step's records and events into the pending frame. The snapshot and the
+        request rows (the costly part) are taken only once the GUI has taken the previous
+        frame, or when forced (the loop stops, a user action): frames the GUI would drop are
+        never built."""
         engine = self.engine
-        snap = engine.snapshot()
         updates = self._sub.drain()
         events = [e for u in updates for e in u.events]
+        with self._lock:
+            f = self._frame
+            f.records.extend(u.record for u in updates)
+            f.events.extend(events)
+            if f.snapshot is not None and not force:
+                return  # the GUI has not taken the last state yet
+        snap = engine.snapshot()
         evicted = [b for e in events if e.kind == ev.EVICTED and e.step == snap.step
                    for b in e.blocks]
         rows = request_rows(engine)
         with self._lock:
             f = self._frame
-            f.snapshot = snap
-            if updates:
-                f.evicted = np.asarray(evicted, dtype=np.int64)
-            f.records.extend(u.record for u in updates)
-            f.events.extend(events)
-            f.requests = rows
+            f.snapshot, f.requests = snap, rows
+            f.evicted = np.asarray(evicted, dtype=np.int64)
 
     def take_frame(self) -> Frame | None:
         """Called from the GUI thread: what happened since the last call (None if nothing)."""

@@ -40,17 +40,17 @@ class TreeNode:
 def build_tree(snap: Snapshot, collapse: bool = True) -> list[TreeNode]:
     """Roots of the prefix forest in the snapshot."""
     n = snap.num_blocks
-    by_hash = {int(h): b for b, h in enumerate(snap.block_hash.tolist()) if h}
+    hashed = np.flatnonzero(snap.block_hash).tolist()
+    hashes = snap.block_hash.tolist()
+    parents = snap.parent_hash.tolist()
+    by_hash = {hashes[b]: b for b in hashed}
     parent_of = np.full(n, ROOT, dtype=np.int64)
     root_key = {}  # block -> key of the root it hangs from
-    for b in range(n):
-        h = int(snap.block_hash[b])
-        if not h:
-            continue
-        p = by_hash.get(int(snap.parent_hash[b]), ROOT)
+    for b in hashed:
+        p = by_hash.get(parents[b], ROOT)
         parent_of[b] = p
         if p == ROOT:
-            root_key[b] = int(snap.parent_hash[b])
+            root_key[b] = parents[b]
     in_tree = snap.block_hash != 0
     for table in snap.block_tables.values():  # unhashed (partial or duplicate) blocks
         for i, b in enumerate(table.tolist()):

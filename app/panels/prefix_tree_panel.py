@@ -84,16 +84,19 @@ class PrefixTreePanel(QWidget):
             self.plot.autoRange(padding=0.08)
 
     def _draw_labels(self) -> None:
-        for item in self.labels:
-            self.plot.removeItem(item)
-        self.labels = []
+        """Reuse the text items: creating a hundred of them per frame costs more than the tree."""
         wanted = [n for n in self.flat if n.count > 1 or n.hits > 0][:MAX_LABELS]
-        for n in wanted:
-            text = (f"×{n.count}" if n.count > 1 else "") + (f" {n.hits} hits" if n.hits else "")
-            label = pg.TextItem(text.strip(), color="#333333", anchor=(-0.15, 0.5))
-            label.setPos(n.x, n.level)
+        while len(self.labels) < len(wanted):
+            label = pg.TextItem("", color="#333333", anchor=(-0.15, 0.5))
             self.plot.addItem(label)
             self.labels.append(label)
+        for label, n in zip(self.labels, wanted, strict=False):
+            text = (f"×{n.count}" if n.count > 1 else "") + (f" {n.hits} hits" if n.hits else "")
+            label.setText(text.strip())
+            label.setPos(n.x, n.level)
+            label.show()
+        for label in self.labels[len(wanted):]:
+            label.hide()
 
     def highlight(self, blocks) -> None:
         wanted = set(np.asarray(blocks if blocks is not None else [], dtype=int).tolist())

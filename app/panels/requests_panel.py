@@ -49,10 +49,11 @@ class RequestsModel(QAbstractTableModel):
             if rows:
                 self.dataChanged.emit(self.index(0, 0),
                                       self.index(len(rows) - 1, len(COLUMNS) - 1))
-        else:
+        else:  # sized to contents on a reset only: per-frame sizing reads every cell
             self.beginResetModel()
             self.rows = rows
             self.endResetModel()
+            self.layoutChanged.emit()
 
     def rowCount(self, parent=None):  # noqa: N802 - Qt API
         return len(self.rows)
@@ -97,7 +98,7 @@ class RequestsPanel(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setStretchLastSection(True)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
         self.table.setWordWrap(False)
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.cancel_button = QPushButton("Cancel request")
@@ -132,7 +133,10 @@ class RequestsPanel(QWidget):
         self.selected: int | None = None
 
     def set_rows(self, rows: list[RequestRow]) -> None:
+        grew = len(rows) != len(self.model.rows)
         self.model.set_rows(rows)
+        if grew and len(rows) <= 64:  # sizing reads every cell: only while the table is small
+            self.table.resizeColumnsToContents()
         if self.selected is not None:
             self._reselect()
 

@@ -68,6 +68,8 @@ class Timeline(QWidget):
         p.showGrid(x=True, y=True, alpha=0.2)
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
+        p.setDownsampling(auto=True, mode="peak")  # 10,000 steps draw as a few hundred
+        p.setClipToView(True)
         return p
 
     def clear(self) -> None:
