@@ -38,74 +38,54 @@ class TreeNode:
 
 
 def build_tree(snap: Snapshot, collapse: bool = True) -> list[TreeNode]:
-    """Roots of the prefix forest in the snapshot."""
-    n = snap.num_blocks
-    hashed = np.flatnonzero(snap.block_hash).tolist()
+    """Roots of the prefix forest in the snapshot, biggest first. Iterative: a chain of
+    thousands of blocks is fine, and nodes are made only for the runs that collapse leaves."""
     hashes = snap.block_hash.tolist()
     parents = snap.parent_hash.tolist()
+    hashed = np.flatnonzero(snap.block_hash).tolist()
     by_hash = {hashes[b]: b for b in hashed}
-    parent_of = np.full(n, ROOT, dtype=np.int64)
-    root_key = {}  # block -> key of the root it hangs from
+    children: dict[int, list[int]] = {}
+    root_children: dict[int, list[int]] = {}  # identity (the chain's root hash) -> blocks
     for b in hashed:
-        p = by_hash.get(parents[b], ROOT)
-        parent_of[b] = p
-        if p == ROOT:
-            root_key[b] = parents[b]
-    in_tree = snap.block_hash != 0
-    for table in snap.block_tables.values():  # unhashed (partial or duplicate) blocks
-        for i, b in enumerate(table.tolist()):
-            if not snap.block_hash[b] and not in_tree[b]:
-                in_tree[b] = True
-                parent_of[b] = table[i - 1] if i else ROOT
-                if not i:
-                    root_key[b] = 0
-    nodes = {b: TreeNode([b], int(snap.state[b]), int(snap.ref_count[b]),
-                         int(snap.hit_count[b])) for b in np.flatnonzero(in_tree).tolist()}
-    roots: dict[int, TreeNode] = {}
-    for b, node in nodes.items():
-        p = int(parent_of[b])
-        if p == ROOT:
-            key = root_key.get(b, 0)
-            parent = roots.setdefault(key, TreeNode([ROOT], -1, 0, 0))
+        p = by_hash.get(parents[b])
+        if p is None:
+            root_children.setdefault(parents[b], []).append(b)
         else:
-            parent = nodes[p]
-        node.parent = parent
-        parent.children.append(node)
-    forest = sorted(roots.values(), key=lambda r: -_size(r))
-    for root in forest:
-        _sort(root)
-        if collapse:
-            _collapse(root)
+            children.setdefault(p, []).append(b)
+    placed = set(hashed)
+    for table in snap.block_tables.values():  # unhashed (partial or duplicate) blocks
+        table = table.tolist()
+        for i, b in enumerate(table):
+            if b not in placed:
+                placed.add(b)
+                if i:
+                    children.setdefault(table[i - 1], []).append(b)
+                else:
+                    root_children.setdefault(0, []).append(b)
+    state, ref, hits = snap.state.tolist(), snap.ref_count.tolist(), snap.hit_count.tolist()
+    forest = []
+    for kids in root_children.values():
+        root = TreeNode([ROOT], -1, 0, 0)
+        stack = [(root, kids)]
+        while stack:
+            parent, kids = stack.pop()
+            for c in sorted(kids):
+                node = TreeNode([c], state[c], ref[c], hits[c], parent=parent)
+                last = c
+                while collapse:  # absorb a single child that looks the same
+                    nxt = children.get(last, ())
+                    if (len(nxt) != 1 or state[nxt[0]] != node.state
+                            or ref[nxt[0]] != node.ref_count):
+                        break
+                    last = nxt[0]
+                    node.blocks.append(last)
+                    node.hits += hits[last]
+                parent.children.append(node)
+                stack.append((node, children.get(last, ())))
+        forest.append(root)
+    forest.sort(key=lambda r: -sum(n.count for n in walk([r])))
     _layout(forest)
     return forest
-
-
-def _size(node: TreeNode) -> int:
-    return 1 + sum(_size(c) for c in node.children)
-
-
-def _sort(node: TreeNode) -> None:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        n.children.sort(key=lambda c: c.blocks[0])
-        stack.extend(n.children)
-
-
-def _collapse(root: TreeNode) -> None:
-    """Merge a node into its single child while both look the same (state and ref count)."""
-    stack = list(root.children)
-    while stack:
-        node = stack.pop()
-        while (len(node.children) == 1 and node.children[0].state == node.state
-               and node.children[0].ref_count == node.ref_count):
-            child = node.children[0]
-            node.blocks += child.blocks
-            node.hits += child.hits
-            node.children = child.children
-            for c in node.children:
-                c.parent = node
-        stack.extend(node.children)
 
 
 def _layout(forest: list[TreeNode]) -> None:

@@ -55,6 +55,8 @@ class PrefixTreePanel(QWidget):
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.info)
         self.labels: list[pg.TextItem] = []
+        self._brushes = {state: pg.mkBrush(color) for state, color in STATE_BRUSH.items()}
+        self._pen = pg.mkPen("#ffffff")
         self.forest: list[TreeNode] = []
         self.flat: list[TreeNode] = []
         self.snapshot: Snapshot | None = None
@@ -69,8 +71,9 @@ class PrefixTreePanel(QWidget):
         xs = np.array([n.x for n in self.flat], dtype=float)
         ys = np.array([n.level for n in self.flat], dtype=float)
         sizes = [9 if n.is_root else 7 + 3 * min(n.ref_count, 6) for n in self.flat]
-        brushes = [pg.mkBrush(STATE_BRUSH[n.state]) for n in self.flat]
-        self.nodes.setData(x=xs, y=ys, size=sizes, brush=brushes, pen=pg.mkPen("#ffffff"),
+        # The same brush and pen objects every frame: the symbol atlas then renders nothing new.
+        brushes = [self._brushes[n.state] for n in self.flat]
+        self.nodes.setData(x=xs, y=ys, size=sizes, brush=brushes, pen=self._pen,
                            data=list(range(len(self.flat))))
         index = {id(n): i for i, n in enumerate(self.flat)}
         pairs = [(index[id(n.parent)], i) for i, n in enumerate(self.flat) if n.parent]

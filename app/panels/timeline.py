@@ -40,10 +40,11 @@ class Timeline(QWidget):
         for p in (self.time_plot, self.token_plot, self.block_plot):
             p.hideAxis("bottom")
         fill = lambda c: pg.mkBrush(c)  # noqa: E731
-        self.total_curve = self.time_plot.plot(stepMode="center", fillLevel=0,
-                                               brush=fill(palette.DECODE_COLOR), pen=None)
-        self.prefill_curve = self.time_plot.plot(stepMode="center", fillLevel=0,
-                                                 brush=fill(palette.PREFILL_COLOR), pen=None)
+        # Filled lines rather than step curves: pyqtgraph downsamples these when zoomed out.
+        self.total_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.DECODE_COLOR),
+                                               pen=pg.mkPen(palette.DECODE_COLOR))
+        self.prefill_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.PREFILL_COLOR),
+                                                 pen=pg.mkPen(palette.PREFILL_COLOR))
         self.tokens_curve = self.token_plot.plot(pen=pg.mkPen("#444444"))
         self.batch_curve = self.token_plot.plot(pen=pg.mkPen(palette.SHARED_COLOR))
         self.active_curve = self.block_plot.plot(pen=pg.mkPen(palette.ACTIVE_COLOR, width=2))
@@ -65,7 +66,7 @@ class Timeline(QWidget):
         p.setLabel("left", label)
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
-        p.showGrid(x=True, y=True, alpha=0.2)
+        p.showGrid(x=False, y=True, alpha=0.2)  # vertical grid lines cost more than they help
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
         p.setDownsampling(auto=True, mode="peak")  # 10,000 steps draw as a few hundred
@@ -106,9 +107,8 @@ class Timeline(QWidget):
                       self.active_curve, self.cached_curve, self.free_curve, self.hit_curve):
                 c.setData([], [])
             return
-        edges = np.append(x - 0.5, x[-1] + 0.5)
-        self.total_curve.setData(edges, d["prefill_ms"] + d["decode_ms"])
-        self.prefill_curve.setData(edges, d["prefill_ms"])
+        self.total_curve.setData(x, d["prefill_ms"] + d["decode_ms"])
+        self.prefill_curve.setData(x, d["prefill_ms"])
         self.tokens_curve.setData(x, d["prefill_tokens"] + d["decode_tokens"])
         self.batch_curve.setData(x, d["batch"])
         self.active_curve.setData(x, d["active"])
