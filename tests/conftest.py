@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # Set before anything imports Qt or decorates triton kernels.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 try:
@@ -9,3 +11,14 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:  # pragma: no cover - torch is a dependency
     pass
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from threads, and the 2-core machines are shared: use one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -13,14 +13,6 @@ from kvscope.app import cli
 from kvscope.engine import Engine, SamplingParams
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def engines(monkeypatch):
     """Every engine the CLI builds, for checking its output against the engine's records."""

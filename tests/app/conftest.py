@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from PySide6.QtCore import QSettings
 
 from kvscope.app.main_window import MainWindow
 
 LOAD_TIMEOUT_MS = 30_000
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

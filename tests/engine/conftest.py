@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_testutil import build_tiny_model  # noqa: E402
@@ -18,10 +17,3 @@ def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_llama")
     return folder, build_tiny_model("llama3_rope_gqa_tied", folder)
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

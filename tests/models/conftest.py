@@ -3,17 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from model_testutil import build_tiny_model
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from threads, and the machine is shared: use one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

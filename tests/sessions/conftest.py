@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -19,10 +18,3 @@ def tiny_model_dir(tmp_path_factory):
     build_tiny_model("llama3_rope_gqa_tied", folder)
     return folder
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
