@@ -124,6 +124,8 @@ class Engine:
         """Queue a request. A prompt that can never fit is rejected: the request finishes at
         once with finish_reason "rejected" and an `error`, and the engine serves the rest."""
         params = params or SamplingParams()
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = next(self._ids)
         req = Request(rid, ids, params, RequestMetrics(time.monotonic(), prompt_tokens=len(ids)),

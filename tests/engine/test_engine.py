@@ -242,3 +242,10 @@ def test_the_event_log_is_bounded_when_nobody_drains_it():
     assert log.num_dropped == 15
     assert [e.step for e in log.drain()] == list(range(15, 25))
     assert log.drain() == []
+
+
+def test_text_prompts_need_a_tokenizer(tiny_llama):
+    engine = make(tiny_llama)  # the tiny model folder has no tokenizer files
+    with pytest.raises(ValueError, match="no tokenizer"):
+        engine.add_request("hello")
+    assert engine.requests == {}
