@@ -281,7 +281,10 @@ class MainWindow(QMainWindow):
         self.resume_requested.emit()
 
     def run_or_resume(self) -> None:
-        """F5: start the demo workload the first time, resume afterwards."""
+        """F5: start the demo workload the first time, resume afterwards; in replay, play."""
+        if self.reader is not None:
+            self.replay_bar.play_button.setChecked(True)
+            return
         if self.engine is None:
             return
         if not self._demo_started:
