@@ -508,6 +508,7 @@ class MainWindow(QMainWindow):
             return
         t0 = time.monotonic()
         self._draw_frame(frame)
+        self.repaint()  # paint now, so the cost below includes it
         # Drawing shares the interpreter with the engine thread: leave it at least two thirds
         # of the time, whatever the window costs to draw.
         self.frame_timer.setInterval(max(FRAME_MS, int(2000 * (time.monotonic() - t0))))
