@@ -257,7 +257,7 @@ class Engine:
             if not group:
                 continue
             try:
-                seq_chunks = [SeqChunk(c.request.all_token_ids[c.start:c.start + c.num_tokens],
+                seq_chunks = [SeqChunk(c.request.token_ids_between(c.start, c.start + c.num_tokens),
                                        c.start, self.manager.block_table(c.request.request_id),
                                        want_logits=self._completes(c)) for c in group]
                 with _ForwardTimer(self.device) as timer:
