@@ -321,8 +321,6 @@ class Engine:
         for req, row in zip(reqs, logits, strict=True):
             samples = [req] + self._fork(req)
             for r in samples:
-                if r.finished:  # cancelled by a stop in an earlier sample? never: defensive
-                    continue
                 self._append_token(r, sample(row, r.params, self._generators[r.request_id]), now)
                 outputs.append(self._output(r))
 
