@@ -1,5 +1,6 @@
 """What the device is doing: GPU memory and utilisation from NVML where an NVIDIA GPU is present,
-otherwise this process's resident memory and the system's memory (psutil). Qt-free: the Device
+otherwise the app's resident memory and the system's memory (psutil). The app is this
+process and its children: the engine runs in a child process. Qt-free: the Device
 panel samples it from a timer; tests inject a fake ``nvml`` module.
 
 Every call here is cheap (NVML queries and /proc reads, well under a millisecond)."""
@@ -22,14 +23,14 @@ class GpuSample:
     memory_used: int  # bytes in use on the device, by all processes
     memory_total: int  # bytes
     utilization: float  # percent of the last sample period a kernel was running
-    process_memory: int | None  # bytes this process holds on the device (None: not reported)
+    process_memory: int | None  # bytes the app holds on the device (None: not reported)
 
 
 @dataclass(frozen=True)
 class DeviceSample:
     t: float  # monotonic seconds
     gpus: tuple[GpuSample, ...]
-    process_rss: int  # bytes of this process resident in host memory
+    process_rss: int  # bytes of the app (this process and its children) resident in RAM
     system_used: int  # bytes of host memory in use (total - available)
     system_total: int  # bytes
 
@@ -78,13 +79,21 @@ class DeviceMonitor:
 
     def sample(self) -> DeviceSample:
         vm = psutil.virtual_memory()
-        try:
-            rss = self.process.memory_info().rss
-        except psutil.Error:
-            rss = 0
-        return DeviceSample(self.clock(), self._gpus(), rss, vm.total - vm.available, vm.total)
+        procs = self._app_processes()
+        rss = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):  # a child may exit between the calls
+                rss += p.memory_info().rss
+        return DeviceSample(self.clock(), self._gpus({p.pid for p in procs}), rss,
+                            vm.total - vm.available, vm.total)
 
-    def _gpus(self) -> tuple[GpuSample, ...]:
+    def _app_processes(self) -> list[psutil.Process]:
+        try:
+            return [self.process, *self.process.children(recursive=True)]
+        except psutil.Error:
+            return [self.process]
+
+    def _gpus(self, pids: set[int]) -> tuple[GpuSample, ...]:
         if not self.handles:
             return ()
         nv, out = self.nvml, []
@@ -93,19 +102,19 @@ class DeviceMonitor:
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
                 util = nv.nvmlDeviceGetUtilizationRates(h)
                 out.append(GpuSample(i, self.gpu_names[i], int(mem.used), int(mem.total),
-                                     float(util.gpu), self._process_memory(h)))
+                                     float(util.gpu), self._process_memory(h, pids)))
         except nv.NVMLError as e:  # a device lost or a driver reset: report, keep sampling
             self.gpu_error = _reason(e)
             return ()
         self.gpu_error = None
         return tuple(out)
 
-    def _process_memory(self, handle) -> int | None:
+    def _process_memory(self, handle, pids: set[int]) -> int | None:
         try:
             procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except (self.nvml.NVMLError, AttributeError):
             return None
-        used = [p.usedGpuMemory for p in procs if p.pid == self.process.pid]
+        used = [p.usedGpuMemory for p in procs if p.pid in pids]
         return int(sum(u for u in used if u is not None)) if used else 0
 
     def close(self) -> None:

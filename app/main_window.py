@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.banner import ErrorBanner
-from kvscope.app.engine_worker import EngineWorker, Frame, RequestRow
+from kvscope.app.engine_client import EngineClient
+from kvscope.app.engine_host import EngineInfo, Frame, RequestRow
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
@@ -50,7 +51,7 @@ def workloads_dir() -> Path:
 
 
 class MainWindow(QMainWindow):
-    # Queued into the worker thread.
+    # Sent to the engine process.
     load_requested = Signal(str, object)
     submit_requested = Signal(object, object, object)
     workload_requested = Signal(object)
@@ -61,12 +62,12 @@ class MainWindow(QMainWindow):
     record_requested = Signal(str, bool)
     stop_record_requested = Signal()
 
-    def __init__(self, settings: QSettings | None = None):
+    def __init__(self, settings: QSettings | None = None, engine_setup: str | None = None):
+        """engine_setup: a Python file each engine process runs first (see engine_host.main)."""
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
         self.selection = Selection()
-        self.engine = None  # set when a model is loaded; read only from the GUI for info
         self.snapshot = None
         self.model_name = "demo"
         self.running = False
@@ -77,7 +78,7 @@ class MainWindow(QMainWindow):
         self._token_window: list[tuple[float, int]] = []
         self._build_panels()
         self._build_toolbar()
-        self._build_worker()
+        self._build_worker(engine_setup)
         self._wire_selection()
         self.status = QLabel(HINT)
         self.statusBar().addWidget(self.status, 1)
@@ -188,10 +189,13 @@ class MainWindow(QMainWindow):
         self.addAction(action)
         return action
 
-    def _build_worker(self) -> None:
-        self.thread = QThread(self)
-        self.worker = EngineWorker()
-        self.worker.moveToThread(self.thread)
+    @property
+    def engine(self) -> EngineInfo | None:
+        """The loaded engine, as far as the window knows it (it runs in its own process)."""
+        return self.worker.info
+
+    def _build_worker(self, engine_setup: str | None) -> None:
+        self.worker = EngineClient(engine_setup, parent=self)
         self.load_requested.connect(self.worker.load)
         self.submit_requested.connect(self.worker.submit)
         self.workload_requested.connect(self.worker.run_workload)
@@ -206,10 +210,11 @@ class MainWindow(QMainWindow):
         self.worker.load_failed.connect(self._on_load_failed)
         self.worker.engine_error.connect(self._on_engine_error)
         self.worker.running_changed.connect(self._on_running_changed)
+        self.worker.engine_exited.connect(self._on_engine_exited)
+        self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(self.cancel_requested)
         self.requests.explain_requested.connect(self.explain)
-        self.thread.start()
 
     def _wire_selection(self) -> None:
         sel = self.selection
@@ -239,11 +244,8 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState())
-        self.pause_requested.emit()
-        self.stop_record_requested.emit()  # queued before quit: the file is finalised
         self.device.stop()
-        self.thread.quit()
-        self.thread.wait(5000)
+        self.worker.shutdown()  # each engine process finalises its recording first
         super().closeEvent(event)
 
     # ------------------------------------------------------------- actions
@@ -254,13 +256,12 @@ class MainWindow(QMainWindow):
                             enable_prefix_caching=self.prefix_box.isChecked())
 
     def load_model(self, name: str) -> None:
-        self.model_name = name
+        self._loading_name = name
         self.banner.hide()
         self.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, self)
         self.progress.setWindowTitle("kvscope")
         self.progress.setMinimumDuration(300)
         self.progress.canceled.connect(self._on_load_cancelled)
-        self._load_cancelled = False
         self.status.setText(f"loading {name}…")
         self.load_requested.emit(name, self.engine_config())
 
@@ -468,14 +469,11 @@ class MainWindow(QMainWindow):
         self.details.show_text(f"Why #{rid} missed", why.message)
 
     # ------------------------------------------------------------- worker
-    def _on_model_loaded(self, engine) -> None:
-        if getattr(self, "_load_cancelled", False):
-            return
+    def _on_model_loaded(self, engine: EngineInfo) -> None:
         self.progress.reset()
-        self.engine = engine
+        self.model_name = self._loading_name
         self.snapshot = None
-        self.capacity.set_model_config(engine.loaded.config, self.model_name,
-                                       engine.runner.cache_dtype)
+        self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
         self._demo_started = False
         self.timeline.clear()
         self.events.clear()
@@ -489,12 +487,17 @@ class MainWindow(QMainWindow):
         self.status.setText(HINT if self.engine else "no model loaded")
 
     def _on_load_cancelled(self) -> None:
-        self._load_cancelled = True
-        self.status.setText("loading cancelled")
+        self.worker.cancel_load()
+        self.status.setText("loading cancelled" + (f" · {self.model_name} still loaded"
+                                                   if self.engine is not None else ""))
 
     def _on_engine_error(self, message: str, detail: str) -> None:
         self.banner.show_error(f"The engine stopped on an error (paused; the window keeps "
                                f"running): {message}", detail)
+
+    def _on_engine_exited(self, message: str) -> None:
+        self.banner.show_error(message)
+        self.status.setText("no model loaded")
 
     def _on_running_changed(self, running: bool) -> None:
         self.running = running
@@ -509,8 +512,7 @@ class MainWindow(QMainWindow):
         t0 = time.monotonic()
         self._draw_frame(frame)
         self.repaint()  # paint now, so the cost below includes it
-        # Drawing shares the interpreter with the engine thread: leave it at least two thirds
-        # of the time, whatever the window costs to draw.
+        # However costly a frame is to draw, the window leaves two thirds of its time to input.
         self.frame_timer.setInterval(max(FRAME_MS, int(2000 * (time.monotonic() - t0))))
 
     def _draw_frame(self, frame: Frame) -> None:
@@ -537,7 +539,7 @@ class MainWindow(QMainWindow):
         span = (self._token_window[-1][0] - self._token_window[0][0]) if len(
             self._token_window) > 1 else 0
         rate = f"{tokens / span:.0f} tok/s" if span > 0 else "– tok/s"
-        device = self.engine.device.type if self.engine is not None else "?"
+        device = self.engine.device if self.engine is not None else "?"
         if self.engine is not None and self.engine.num_steps == 0:
             self.status.setText(f"{self.model_name} · {device} · {s.num_blocks} blocks of "
                                 f"{s.block_size} tokens · {HINT}")

@@ -1,5 +1,6 @@
-"""engine/, kernels/ and sessions/ never import Qt, pyqtgraph or the app; opening a recording
-never needs torch. Checked by walking every import statement in those folders."""
+"""engine/, kernels/ and sessions/ never import Qt, pyqtgraph or the app, nor does the engine
+process's entry module; opening a recording never needs torch. Checked by walking every import
+statement in those files."""
 
 import ast
 from pathlib import Path
@@ -37,6 +38,13 @@ def test_core_folders_never_import_qt_or_the_app(folder):
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     ]
     assert not offenders, offenders
+
+
+def test_the_engine_process_entry_never_imports_qt():
+    """app/engine_host.py is the engine process's main module: it must not load Qt there."""
+    bad = {m for m in imported_modules(ROOT / "app/engine_host.py")
+           if m.split(".")[0] in ("PySide6", "pyqtgraph", "shiboken6")}
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("name", TORCH_FREE)

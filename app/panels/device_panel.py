@@ -1,5 +1,6 @@
 """Device: GPU memory used/total and utilisation over time (NVML), or, without an NVIDIA GPU,
-this process's resident memory and the system's memory (psutil). Sampled by a QTimer at 2 Hz;
+kvscope's resident memory (the window's process and its engine process) and the
+system's memory (psutil). Sampled by a QTimer at 2 Hz;
 the last ten minutes are kept."""
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from kvscope.app.device_monitor import DeviceMonitor, DeviceSample, History
 GIB = 2**30
 GPU_COLORS = (palette.ACTIVE_COLOR, palette.SHARED_COLOR, palette.CACHED_COLOR,
               palette.DECODE_COLOR, palette.PREFILL_COLOR, palette.EVICTED_COLOR)
-TIP_RSS = ("Process RSS: bytes of this process (the app and its engine) resident in host RAM, "
-           "from psutil memory_info().rss.")
+TIP_RSS = ("kvscope RSS: bytes of the window's process and its engine process resident in host "
+           "RAM, from psutil memory_info().rss.")
 TIP_SYSTEM = ("System memory used = total − available (psutil virtual_memory): RAM that cannot "
               "be handed to a new program without swapping.")
 TIP_GPU_MEM = ("GPU memory used: bytes allocated on the device by all processes, of the total "
-               "(NVML nvmlDeviceGetMemoryInfo). 'this process' is what kvscope itself holds "
+               "(NVML nvmlDeviceGetMemoryInfo). 'kvscope' is what its engine process holds "
                "(weights, KV pool, PyTorch's cache).")
 TIP_GPU_UTIL = ("GPU utilisation: percent of the last sample period (1/6 s to 1 s, set by the "
                 "driver) in which at least one kernel was running (NVML "
@@ -135,7 +136,7 @@ class DevicePanel(QWidget):
             parts = []
             for g in s.gpus:
                 mine = "" if g.process_memory is None else \
-                    f" (this process {_gib(g.process_memory)})"
+                    f" (kvscope {_gib(g.process_memory)})"
                 parts.append(f"GPU {g.index}: <b>{_gib(g.memory_used)}</b> of "
                              f"{_gib(g.memory_total)} used{mine} · "
                              f"util <b>{g.utilization:.0f}%</b>")

@@ -1,4 +1,4 @@
-"""GUI tests drive the real window, offscreen, with the demo model in the worker thread."""
+"""GUI tests drive the real window, offscreen, with the demo model in its engine process."""
 
 from __future__ import annotations
 
@@ -11,22 +11,28 @@ LOAD_TIMEOUT_MS = 30_000
 
 
 
-@pytest.fixture
-def window(qtbot, tmp_path):
+def open_window(qtbot, tmp_path, engine_setup: str | None = None) -> MainWindow:
+    """The window with the demo model loaded in its engine process."""
     settings = QSettings(str(tmp_path / "kvscope.ini"), QSettings.IniFormat)
-    w = MainWindow(settings=settings)
+    w = MainWindow(settings=settings, engine_setup=engine_setup)
     qtbot.addWidget(w)
     w.resize(1400, 900)
     w.blocks_box.setValue(256)
     w.show()
     w.load_model("demo")
     qtbot.waitUntil(lambda: w.engine is not None, timeout=LOAD_TIMEOUT_MS)
+    return w
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    w = open_window(qtbot, tmp_path)
     yield w
     w.close()
 
 
 def step(window, qtbot, n: int = 1) -> None:
-    """Run n engine steps in the worker and wait until the GUI has pulled the last frame."""
+    """Run n engine steps in the engine process and wait until the GUI has pulled the last frame."""
     target = window.engine.num_steps + n
     for _ in range(n):
         window.step_requested.emit()

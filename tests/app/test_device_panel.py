@@ -92,6 +92,35 @@ def test_monitor_reads_nvml_numbers():
     assert fake.shutdowns == 1
 
 
+def test_monitor_counts_the_engine_child_process_in_the_app_memory():
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    monitor = DeviceMonitor(nvml=FakeNVML(names=("NVIDIA H200",)), clock=clock())
+    size = 300 * 2**20
+    child = subprocess.Popen([sys.executable, "-c", f"b = bytearray({size}); import time; "
+                              "print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        monitor.nvml.pid = child.pid  # the engine process holds the GPU memory
+        own = monitor.process.memory_info().rss
+        child_rss = psutil.Process(child.pid).memory_info().rss
+        assert child_rss > size
+        s = monitor.sample()
+        assert s.process_rss >= own + size
+        assert s.gpus[0].process_memory == 3 * GIB
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(0.1)
+    assert monitor.sample().process_rss < own + size  # and it stops counting once it is gone
+    monitor.close()
+
+
 def test_monitor_catches_nvml_errors_at_init_and_while_sampling():
     fake = FakeNVML(init_error=FakeNVML.NVMLError_DriverNotLoaded("Driver Not Loaded"))
     monitor = DeviceMonitor(nvml=fake)
@@ -184,7 +213,7 @@ def test_panel_with_gpu_shows_nvml_numbers(qtbot):
         fake.util = [0.0 if i < 20 else (95.0 if i % 10 < 7 else 5.0)]
         panel.sample_once()
     text = panel.summary_label.text()
-    assert "GPU 0: <b>70.00 GiB</b> of 141.00 GiB used (this process 3.00 GiB)" in text
+    assert "GPU 0: <b>70.00 GiB</b> of 141.00 GiB used (kvscope 3.00 GiB)" in text
     assert "util <b>95%</b>" in text
     x, y = panel.curves["gpu0"].getData()
     assert y[-1] == pytest.approx(70.0) and y[0] == pytest.approx(10.0)

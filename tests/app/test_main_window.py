@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from conftest import step
+from conftest import open_window, step
 from pixels import cell_pixel, close, grab_pool, lut_rgb
 
 from kvscope.app import palette
@@ -68,7 +68,8 @@ def test_a_cancelled_request_gives_its_blocks_back(window, qtbot):
     blocks = window.snapshot.block_tables[rid].tolist()
     assert blocks
     window.cancel_requested.emit(rid)
-    qtbot.waitUntil(lambda: rid not in window.worker.engine.manager.seqs, timeout=5000)
+    qtbot.waitUntil(lambda: any(r.request_id == rid and r.state == "finished: cancelled"
+                                for r in window.requests.model.rows), timeout=5000)
     step(window, qtbot)  # the cancellation is reported and drawn
     snap = window.snapshot
     assert rid not in snap.block_tables
@@ -82,15 +83,12 @@ def test_a_cancelled_request_gives_its_blocks_back(window, qtbot):
                for r in window.requests.model.rows)
 
 
-def test_an_engine_error_shows_a_message_and_the_window_keeps_working(window, qtbot,
+def test_an_engine_error_shows_a_message_and_the_window_keeps_working(qtbot, tmp_path,
                                                                       monkeypatch):
-    runner = window.worker.engine.runner
-    real_run = runner.run
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("simulated kernel failure")
-
-    monkeypatch.setattr(runner, "run", broken)
+    fault = tmp_path / "fault"
+    monkeypatch.setenv("KVSCOPE_TEST_FAULT", str(fault))  # the engine process inherits it
+    window = open_window(qtbot, tmp_path, engine_setup=Path(__file__).with_name("engine_faults.py"))
+    fault.touch()  # from now on every forward pass in the engine process raises
     window.submit("Hello there", GREEDY, None)  # submits and runs
     qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
     assert "simulated kernel failure" in window.banner.label.text()
@@ -98,9 +96,42 @@ def test_an_engine_error_shows_a_message_and_the_window_keeps_working(window, qt
     # Still responsive: the selection works and, with the fault gone, the engine steps again.
     window.selection.select_block(3)
     assert "block 3" in window.details.text.toPlainText()
-    monkeypatch.setattr(runner, "run", real_run)
+    fault.unlink()
     step(window, qtbot)
     window.submit("Hello again", GREEDY, None)
+    qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
+                                window.requests.model.rows), timeout=20_000)
+
+
+def test_a_killed_engine_process_is_reported_and_a_new_one_can_be_loaded(window, qtbot):
+    import os
+    import signal
+
+    os.kill(window.worker.pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
+    assert "engine process stopped unexpectedly (killed by SIGKILL)" in window.banner.label.text()
+    assert window.engine is None
+    window.submit("Hello there", GREEDY, None)  # says so, and nothing else happens
+    assert "No model is loaded" in window.banner.label.text()
+    window.load_model("demo")
+    qtbot.waitUntil(lambda: window.engine is not None, timeout=30_000)
+    window.submit("Hello there", GREEDY, None)
+    qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
+                                window.requests.model.rows), timeout=20_000)
+
+
+def test_cancelling_a_load_stops_it_and_keeps_the_model_that_runs(window, qtbot):
+    old, old_pid = window.engine, window.worker.pid
+    window.load_model("demo")
+    assert window.worker.loading
+    from PySide6.QtWidgets import QPushButton
+
+    window.progress.findChild(QPushButton).click()  # the dialog's Cancel button
+    assert not window.worker.loading
+    assert window.engine is old and window.worker.pid == old_pid
+    qtbot.wait(500)  # a killed load must not report anything late
+    assert window.engine is old and not window.banner.isVisible()
+    window.submit("Hello there", GREEDY, None)
     qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
                                 window.requests.model.rows), timeout=20_000)
 
@@ -164,6 +195,46 @@ def test_the_dock_layout_is_remembered(qtbot, tmp_path):
 
 
 def test_the_capacity_tab_describes_the_loaded_model_as_the_engine_allocates_it(window):
-    per_token = window.engine.runner.kv_bytes_per_token  # from the real cache tensor
+    per_token = window.engine.kv_bytes_per_token  # from the real cache tensor
     assert window.capacity.bytes_per_token_label.text().startswith(f"{per_token:,} B")
     assert window.docks["capacity"].isVisible() or window.docks["details"].isVisible()
+
+
+WINDOW_WITHOUT_TORCH = """
+import sys, time
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+from kvscope.app.main_window import MainWindow
+from kvscope.engine.config import SamplingParams
+app = QApplication([])
+w = MainWindow(settings=QSettings(sys.argv[1], QSettings.IniFormat))
+w.blocks_box.setValue(64)
+w.show()
+w.load_model("demo")
+deadline = time.monotonic() + 60
+def wait(cond):
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        app.processEvents()
+        time.sleep(0.01)
+wait(lambda: w.engine is not None)
+w.submit("Hello there", SamplingParams(max_tokens=4), None)
+wait(lambda: w.requests.model.rows and w.requests.model.rows[0].state.startswith("finished"))
+w.explain(0)
+w.close()
+print("torch" in sys.modules)
+"""
+
+
+def test_the_window_process_never_imports_torch(tmp_path):
+    """Torch lives in the engine process only: what crosses the socket (frames, the engine's
+    description, why a request missed) unpickles without it, and the window starts light."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WINDOW_WITHOUT_TORCH, str(tmp_path / "s.ini")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

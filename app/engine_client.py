@@ -1,0 +1,233 @@
+"""The window's side of the engine process (`app/engine_host.py` is the other side).
+
+Each model load starts a fresh engine process; the old one keeps serving until the new model
+has loaded, so a failed or cancelled load leaves the previous model running, and cancelling
+really stops a load (the process is killed). A reader thread per process receives messages and
+hands them to the GUI thread as queued signals. Frames are kept until the window takes one
+(`take_frame`, at most ~30 times a second): two frames not yet taken merge into one, so every
+step record and event reaches the window."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from PySide6.QtCore import QObject, Signal
+
+from kvscope.app.engine_host import EngineInfo, Frame
+
+CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
+
+
+class _Process:
+    """One engine process, its pipe and the thread that reads the pipe.
+
+    Started as `python -c` with one end of a socket pair: unlike multiprocessing's spawn, this
+    never re-imports the program's main module in the engine process."""
+
+    def __init__(self, deliver, setup: str | None):
+        ours, theirs = socket.socketpair()
+        cmd = [sys.executable, "-c", "from kvscope.app.engine_host import main; main()",
+               str(theirs.fileno())] + ([os.fspath(setup)] if setup else [])
+        with theirs:
+            self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
+        self.conn = Connection(ours.detach())
+        self._send_lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, args=(deliver,), daemon=True,
+                                       name="kvscope-engine-reader")
+        self.reader.start()
+
+    def _read(self, deliver) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                try:
+                    code = self.proc.wait(CLOSE_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    code = None
+                deliver(self, ("exited", _describe_exit(code)))
+                return
+            deliver(self, msg)
+
+    def send(self, *msg) -> bool:
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+            return True
+        except (OSError, ValueError):  # the process is gone; its reader reports how
+            return False
+
+    def close(self, wait: bool = False) -> None:
+        """Ask the process to finish (it closes any recording first)."""
+        self.send("close")
+        if wait:
+            try:
+                self.proc.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "it did not exit"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class EngineClient(QObject):
+    model_loaded = Signal(object)  # EngineInfo
+    load_failed = Signal(str, str)  # message, detail
+    engine_error = Signal(str, str)  # message, detail (the engine is paused, the app runs on)
+    engine_exited = Signal(str)  # the engine process died: what happened
+    rejected = Signal(str)  # a request that could not be queued
+    running_changed = Signal(bool)
+    recording_changed = Signal(object, str)  # path or None, a one-line status
+    idle = Signal()  # nothing left to do
+    _message = Signal(object, object)  # (process, message), from the reader threads
+
+    def __init__(self, setup: str | None = None, parent=None):
+        """setup: a Python file each engine process runs before it serves (see serve)."""
+        super().__init__(parent)
+        self.setup = setup
+        self.info: EngineInfo | None = None  # the loaded engine
+        self._current: _Process | None = None  # serves the loaded engine
+        self._loading: _Process | None = None  # loading the next model
+        self._closing: list[_Process] = []
+        self._frame: Frame | None = None
+        self.recording: str | None = None  # the file the engine records to
+        self._message.connect(self._on_message)  # queued: emitted from reader threads
+
+    # ------------------------------------------------------------- commands
+    def load(self, model: str, config) -> None:
+        self.cancel_load()
+        self._loading = _Process(self._message.emit, self.setup)
+        self._loading.send("load", model, config)
+
+    def cancel_load(self) -> None:
+        if self._loading is not None:
+            loading, self._loading = self._loading, None
+            loading.kill()
+
+    def submit(self, prompt, params, cache_salt) -> None:
+        self._send("submit", prompt, params, cache_salt)
+
+    def run_workload(self, workload) -> None:
+        self._send("workload", workload)
+
+    def resume(self) -> None:
+        self._send("resume")
+
+    def pause(self) -> None:
+        self._send("pause")
+
+    def step_once(self) -> None:
+        self._send("step")
+
+    def cancel(self, request_id: int) -> None:
+        self._send("cancel", int(request_id))
+
+    def reset_prefix_cache(self) -> None:
+        self._send("reset_prefix_cache")
+
+    def start_recording(self, path: str, record_text: bool) -> None:
+        self._send("record", path, record_text)
+
+    def stop_recording(self) -> None:
+        self._send("stop_record")
+
+    def shutdown(self) -> None:
+        """Stop every engine process, letting each finish its recording."""
+        self.cancel_load()
+        procs = [p for p in (self._current, *self._closing) if p is not None]
+        self._current, self._closing, self.info = None, [], None
+        for p in procs:
+            p.close(wait=True)
+
+    @property
+    def pid(self) -> int | None:
+        """The loaded engine's process id."""
+        return self._current.proc.pid if self._current is not None else None
+
+    @property
+    def loading(self) -> bool:
+        return self._loading is not None
+
+    def _send(self, *msg) -> None:
+        if self._current is not None:
+            self._current.send(*msg)
+
+    def take_frame(self) -> Frame | None:
+        """What happened since the last call (None if nothing); the engine then builds the
+        next frame."""
+        frame, self._frame = self._frame, None
+        if frame is not None:
+            self._send("ready")
+        return frame
+
+    # ------------------------------------------------------------- messages
+    def _on_message(self, proc: _Process, msg: tuple) -> None:
+        kind, *args = msg
+        if proc is self._loading:
+            self._on_loading_message(kind, args)
+        elif proc is self._current:
+            self._on_current_message(kind, args)
+        elif kind == "recording":  # an old engine finished its recording while closing
+            self.recording = None
+            self.recording_changed.emit(*args)
+        elif kind == "exited" and proc in self._closing:
+            self._closing.remove(proc)
+
+    def _on_loading_message(self, kind: str, args: list) -> None:
+        loading = self._loading
+        if kind == "loaded":
+            old, self._current, self._loading = self._current, loading, None
+            if old is not None:
+                old.close()
+                self._closing.append(old)
+            self.info, self._frame = args[0], None
+            self.model_loaded.emit(self.info)
+        elif kind in ("load_failed", "exited"):
+            self._loading = None
+            loading.close()
+            if kind == "exited":
+                args = [f"the engine process exited while loading ({args[0]})", ""]
+            self.load_failed.emit(*args)
+
+    def _on_current_message(self, kind: str, args: list) -> None:
+        if kind == "frame":
+            frame = args[0]
+            self.info.update(frame)
+            self._frame = frame if self._frame is None else self._frame.merge(frame)
+        elif kind == "running":
+            self.running_changed.emit(*args)
+        elif kind == "recording":
+            self.recording = args[0]
+            self.recording_changed.emit(*args)
+        elif kind == "error":
+            self.engine_error.emit(*args)
+        elif kind == "rejected":
+            self.rejected.emit(*args)
+        elif kind == "idle":
+            self.idle.emit()
+        elif kind == "exited":
+            self._current, self.info, self._frame = None, None, None
+            self.running_changed.emit(False)
+            if self.recording is not None:
+                path, self.recording = self.recording, None
+                self.recording_changed.emit(None, f"recording to {path} ended with the engine")
+            self.engine_exited.emit(f"The engine process stopped unexpectedly ({args[0]}). "
+                                    "Load a model to start a new one.")

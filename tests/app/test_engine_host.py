@@ -1,0 +1,121 @@
+"""The engine process's protocol, without Qt: frames paced by the window, nothing lost."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from kvscope.app.engine_host import EngineHost, EngineInfo, Frame
+from kvscope.engine.config import EngineConfig, SamplingParams
+
+PROMPTS = [f"Question {i}: what is a list? " * 3 for i in range(4)]
+PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def host_in_thread() -> tuple[Connection, threading.Thread]:
+    ours, theirs = socket.socketpair()
+    host = threading.Thread(target=EngineHost(Connection(theirs.detach())).serve, daemon=True)
+    host.start()
+    return Connection(ours.detach()), host
+
+
+def receive(conn: Connection, kind: str, timeout: float = 60.0) -> list[tuple]:
+    """Messages up to and including the first of this kind."""
+    got = []
+    while conn.poll(timeout):
+        got.append(conn.recv())
+        if got[-1][0] == kind:
+            return got
+    raise AssertionError(f"no {kind!r} message; got {[m[0] for m in got]}")
+
+
+def test_frames_wait_for_the_window_but_every_step_record_and_event_arrives():
+    conn, host = host_in_thread()
+    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
+    loaded = receive(conn, "loaded")[-1][1]
+    assert isinstance(loaded, EngineInfo) and loaded.num_blocks == 64
+    assert loaded.model_config["architectures"]
+    frames = [m[1] for m in receive(conn, "frame")]  # the state right after loading
+    for p in PROMPTS:
+        conn.send(("submit", p, PARAMS, None))  # a user action: its frame is sent at once
+    frames += [m[1] for m in _receive_n(conn, "frame", len(PROMPTS))]
+    conn.send(("resume",))
+    conn.send(("ready",))  # the window takes one frame and then, in this test, no more
+    until_idle = receive(conn, "idle")
+    sent = [m[1] for m in until_idle if m[0] == "frame"]
+    # One frame for the one "ready", then none until the host runs out of work and sends the
+    # rest (forced): the steps in between were never turned into frames, but their records
+    # and events all arrive.
+    assert len(sent) == 2 and sent[0].records and len(sent[1].records) > 1
+    conn.send(("ready",))  # nothing happened since the last frame: no new one
+    assert not [m for m in _drain(conn) if m[0] == "frame"]
+    frame = Frame()
+    for f in frames + sent:
+        frame.merge(f)
+    steps = [r.step for r in frame.records]
+    assert steps == list(range(len(steps))) and len(steps) >= PARAMS.max_tokens
+    assert sum(r.decode_tokens + r.prefill_tokens for r in frame.records) > 0
+    assert all(r.state == "finished: length" and r.output_tokens == PARAMS.max_tokens
+               for r in frame.requests)
+    assert sorted(frame.explanations) == list(range(len(PROMPTS)))
+    finished = [e for e in frame.events if e.kind == "finished"]
+    assert sorted(e.request_id for e in finished) == list(range(len(PROMPTS)))
+    conn.send(("close",))
+    host.join(10)
+    assert not host.is_alive()
+
+
+def _receive_n(conn: Connection, kind: str, n: int) -> list[tuple]:
+    got = []
+    while len(got) < n:
+        got.append(receive(conn, kind)[-1])
+    return got
+
+
+def _drain(conn: Connection) -> list[tuple]:
+    got = []
+    while conn.poll(0.2):
+        got.append(conn.recv())
+    return got
+
+
+def test_a_bad_command_is_reported_and_the_engine_serves_on():
+    conn, host = host_in_thread()
+    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
+    receive(conn, "loaded")
+    conn.send(("submit", "hello", "not sampling params", None))
+    assert receive(conn, "rejected")[-1][1].startswith("AttributeError: ")
+    conn.send(("cancel", 12345))  # no such request: a failed command is reported, not fatal
+    assert receive(conn, "error")[-1][1].startswith("KeyError")
+    conn.send(("submit", "hello", PARAMS, None))  # and it goes on serving
+    conn.send(("resume",))
+    assert receive(conn, "idle")
+    conn.send(("close",))
+    host.join(10)
+
+
+def test_the_recording_is_finished_when_the_window_process_dies(tmp_path):
+    from kvscope.sessions import SessionReader
+
+    ours, theirs = socket.socketpair()
+    with theirs:
+        proc = subprocess.Popen([sys.executable, "-c", "from kvscope.app.engine_host import main;"
+                                 " main()", str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    conn = Connection(ours.detach())
+    path = tmp_path / "s.kvscope"
+    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
+    receive(conn, "loaded")
+    conn.send(("record", str(path), False))
+    receive(conn, "recording")
+    for p in PROMPTS:
+        conn.send(("submit", p, PARAMS, None))
+    conn.send(("resume",))
+    receive(conn, "idle")
+    conn.close()  # as if the window's process were killed: no "close" command
+    assert proc.wait(30) == 0
+    with SessionReader(path) as reader:
+        assert reader.meta.complete
+        assert reader.num_steps >= PARAMS.max_tokens
