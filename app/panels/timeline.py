@@ -13,6 +13,21 @@ from kvscope.engine.metrics import StepRecord
 
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
           "active", "cached", "free", "hit_tokens", "query_tokens")
+GRID_COLOR = "#e6e6e6"
+# Auto-downsampling keeps the min and max of each bucket ("peak"): one bucket per pixel draws
+# the same envelope as every sample, at a fraction of the cost (pyqtgraph's default is 5).
+SAMPLES_PER_PIXEL = 1.0
+
+
+def _draw_grid(p: pg.PlotItem, grid: pg.PlotCurveItem, ticks=None) -> None:
+    """Horizontal lines across the view at the left axis' major ticks (or at fixed ticks)."""
+    (x0, x1), (y0, y1) = p.vb.viewRange()
+    if ticks is None:
+        axis = p.getAxis("left")
+        levels = axis.tickValues(y0, y1, max(1.0, axis.height()))
+        ticks = levels[0][1] if levels else []
+    ys = np.array([v for v in ticks if y0 <= v <= y1])
+    grid.setData(np.tile([x0, x1], len(ys)), np.repeat(ys, 2))
 
 
 class Timeline(QWidget):
@@ -32,25 +47,23 @@ class Timeline(QWidget):
         self.block_plot = self._plot(2, "blocks", "Blocks active (blue), cached (green) and "
                                      "free (grey) after each step")
         self.hit_plot = self._plot(3, "hit %", "Token hit rate so far: prompt tokens served "
-                                   "from the cache / prompt tokens looked up")
+                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
         self.hit_plot.setYRange(0, 100, padding=0.05)
         self.hit_plot.setLabel("bottom", "step")
         for p in (self.time_plot, self.token_plot, self.block_plot):
             p.hideAxis("bottom")
-        fill = lambda c: pg.mkBrush(c)  # noqa: E731
         # Filled lines rather than step curves: pyqtgraph downsamples these when zoomed out.
-        self.total_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.DECODE_COLOR),
-                                               pen=pg.mkPen(palette.DECODE_COLOR))
-        self.prefill_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.PREFILL_COLOR),
-                                                 pen=pg.mkPen(palette.PREFILL_COLOR))
-        self.tokens_curve = self.token_plot.plot(pen=pg.mkPen("#444444"))
-        self.batch_curve = self.token_plot.plot(pen=pg.mkPen(palette.SHARED_COLOR))
-        self.active_curve = self.block_plot.plot(pen=pg.mkPen(palette.ACTIVE_COLOR, width=2))
-        self.cached_curve = self.block_plot.plot(pen=pg.mkPen(palette.CACHED_COLOR, width=2))
-        self.free_curve = self.block_plot.plot(pen=pg.mkPen("#999999", width=2))
-        self.hit_curve = self.hit_plot.plot(pen=pg.mkPen(palette.CACHED_COLOR, width=2))
+        # Width-1 cosmetic pens: wide lines cost several times more to rasterise.
+        self.total_curve = self._curve(self.time_plot, palette.DECODE_COLOR, fill=True)
+        self.prefill_curve = self._curve(self.time_plot, palette.PREFILL_COLOR, fill=True)
+        self.tokens_curve = self._curve(self.token_plot, "#444444")
+        self.batch_curve = self._curve(self.token_plot, palette.SHARED_COLOR)
+        self.active_curve = self._curve(self.block_plot, palette.ACTIVE_COLOR)
+        self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR)
+        self.free_curve = self._curve(self.block_plot, "#999999")
+        self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR)
         self.cursors = []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#000000", width=1))
@@ -61,17 +74,30 @@ class Timeline(QWidget):
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
 
-    def _plot(self, row: int, label: str, tip: str) -> pg.PlotItem:
+    def _plot(self, row: int, label: str, tip: str, ticks=None) -> pg.PlotItem:
         p = self.glw.addPlot(row=row, col=0)
         p.setLabel("left", label)
+        if ticks is not None:  # a short plot: a few round ticks rather than a crowded axis
+            p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
-        p.showGrid(x=False, y=True, alpha=0.2)  # vertical grid lines cost more than they help
+        # pyqtgraph's own grid (showGrid) costs more to paint than all the curves together:
+        # one light line item per plot at the axis' major ticks instead.
+        grid = pg.PlotCurveItem(pen=pg.mkPen(GRID_COLOR), connect="pairs", antialias=False)
+        grid.setZValue(-10)
+        p.vb.addItem(grid, ignoreBounds=True)  # the view box's, not a data item of the plot
+        p.vb.sigRangeChanged.connect(lambda *_: _draw_grid(p, grid, ticks))
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
-        p.setDownsampling(auto=True, mode="peak")  # 10,000 steps draw as a few hundred
+        p.setDownsampling(auto=True, mode="peak")  # 10,000 steps: the min and max per pixel
         p.setClipToView(True)
         return p
+
+    @staticmethod
+    def _curve(plot: pg.PlotItem, color: str, fill: bool = False) -> pg.PlotDataItem:
+        return plot.plot(pen=pg.mkPen(color), fillLevel=0 if fill else None,
+                         brush=pg.mkBrush(color) if fill else None,
+                         autoDownsampleFactor=SAMPLES_PER_PIXEL)
 
     def clear(self) -> None:
         self.data = {f: np.zeros(0) for f in FIELDS}
