@@ -38,12 +38,19 @@ COLUMNS = [
 ]
 
 
+DISPLAY, ALIGNMENT, FOREGROUND = (int(r) for r in (Qt.DisplayRole, Qt.TextAlignmentRole,
+                                                    Qt.ForegroundRole))
+RIGHT = int(Qt.AlignRight | Qt.AlignVCenter)
+
+
 class RequestsModel(QAbstractTableModel):
     def __init__(self):
         super().__init__()
         self.rows: list[RequestRow] = []
+        self._cells: dict[int, list] = {}  # row -> its display texts, made when first shown
 
     def set_rows(self, rows: list[RequestRow]) -> None:
+        self._cells = {}
         if len(rows) == len(self.rows):
             self.rows = rows
             if rows:
@@ -70,18 +77,26 @@ class RequestsModel(QAbstractTableModel):
         return None
 
     def data(self, index, role=Qt.DisplayRole):
-        r = self.rows[index.row()]
-        col = index.column()
-        if role == Qt.DisplayRole:
-            rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None
-                                        else "")
-            return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens,
-                    _ms(r.ttft_s), _ms(r.tpot_s), r.cache_salt or ""][col]
-        if role == Qt.ForegroundRole and col == 1 and r.state.startswith("finished: rej"):
+        # Called for every visible cell and role on every paint: the row's texts are made once
+        # per set_rows, and roles that show nothing return at once.
+        if role == DISPLAY:
+            row = index.row()
+            cells = self._cells.get(row)
+            if cells is None:
+                cells = self._cells[row] = _cells(self.rows[row])
+            return cells[index.column()]
+        if role == ALIGNMENT:
+            return RIGHT if 2 <= index.column() <= 6 else None
+        if (role == FOREGROUND and index.column() == 1
+                and self.rows[index.row()].state.startswith("finished: rej")):
             return QColor(palette.EVICTED_COLOR)
-        if role == Qt.TextAlignmentRole and 2 <= col <= 6:
-            return int(Qt.AlignRight | Qt.AlignVCenter)
         return None
+
+
+def _cells(r: RequestRow) -> list:
+    rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None else "")
+    return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens, _ms(r.ttft_s),
+            _ms(r.tpot_s), r.cache_salt or ""]
 
 
 class RequestsPanel(QWidget):
