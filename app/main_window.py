@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QEvent, QSettings, Qt, QThread, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -508,10 +508,25 @@ class MainWindow(QMainWindow):
             return
         t0 = time.monotonic()
         self._draw_frame(frame)
-        self.repaint()  # paint now, so the cost below includes it
         # Drawing shares the interpreter with the engine thread: leave it at least two thirds
-        # of the time, whatever the window costs to draw.
-        self.frame_timer.setInterval(max(FRAME_MS, int(2000 * (time.monotonic() - t0))))
+        # of the time, whatever the window costs to draw, painting included (the paint that
+        # followed the previous frame: this one's is done by the event loop, just after).
+        self._frame_end = time.monotonic()
+        cost = self._frame_end - t0 + self._paint_s
+        self._paint_s = 0.0
+        self.frame_timer.setInterval(max(FRAME_MS, int(2000 * cost)))
+
+    _paint_s = 0.0  # seconds spent painting the window right after the last frame
+    _frame_end = 0.0
+
+    def event(self, event) -> bool:
+        if event.type() != QEvent.UpdateRequest:
+            return super().event(event)
+        t0 = time.monotonic()  # the window paints every widget that changed, views included
+        handled = super().event(event)
+        if t0 - self._frame_end < self._paint_s + FRAME_MS / 1000:  # a frame's, not a hover's
+            self._paint_s += time.monotonic() - t0
+        return handled
 
     def _draw_frame(self, frame: Frame) -> None:
         self.snapshot = frame.snapshot
