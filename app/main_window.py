@@ -505,6 +505,8 @@ class MainWindow(QMainWindow):
             return  # replaying: the live engine is paused and its frames wait
         frame: Frame | None = self.worker.take_frame()
         if frame is None:
+            if self.tree.pending:  # the engine stopped while the tree was being rebuilt
+                self.tree.advance()
             return
         t0 = time.monotonic()
         self._draw_frame(frame)
@@ -532,8 +534,10 @@ class MainWindow(QMainWindow):
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
         now = time.monotonic()
-        if not self.docks["tree"].visibleRegion().isEmpty() and now >= self._tree_due:
-            self.tree.set_snapshot(frame.snapshot)  # the slowest panel: at most TREE_HZ
+        if self.tree.pending:
+            self.tree.advance()  # a slice of the rebuild per frame: none pays for all of it
+        elif not self.docks["tree"].visibleRegion().isEmpty() and now >= self._tree_due:
+            self.tree.prepare(frame.snapshot)  # the slowest panel: at most TREE_HZ
             self._tree_due = now + 1 / TREE_HZ
         self.requests.set_rows(frame.requests)
         self.timeline.add_records(frame.records)
