@@ -3,9 +3,11 @@ used/cached/free, and the cumulative token hit rate; x linked, zoom and pan, cli
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvscope.app import palette
@@ -14,20 +16,66 @@ from kvscope.engine.metrics import StepRecord
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
           "active", "cached", "free", "hit_tokens", "query_tokens")
 GRID_COLOR = "#e6e6e6"
-# Auto-downsampling keeps the min and max of each bucket ("peak"): one bucket per pixel draws
-# the same envelope as every sample, at a fraction of the cost (pyqtgraph's default is 5).
-SAMPLES_PER_PIXEL = 1.0
+# New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long:
+# redrawing the curves costs the same for one new step as for a pixel's worth of them.
+MAX_WAIT_S = 0.25
 
 
-def _draw_grid(p: pg.PlotItem, grid: pg.PlotCurveItem, ticks=None) -> None:
-    """Horizontal lines across the view at the left axis' major ticks (or at fixed ticks)."""
-    (x0, x1), (y0, y1) = p.vb.viewRange()
-    if ticks is None:
-        axis = p.getAxis("left")
-        levels = axis.tickValues(y0, y1, max(1.0, axis.height()))
-        ticks = levels[0][1] if levels else []
-    ys = np.array([v for v in ticks if y0 <= v <= y1])
-    grid.setData(np.tile([x0, x1], len(ys)), np.repeat(ys, 2))
+def _peaks(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The max and the min of each run of n samples (at the run's first x), then the last
+    samples as they are: at n samples per pixel, the same envelope as every sample."""
+    if n <= 1:
+        return x, y
+    runs = (len(y) - 1) // n  # the last sample stays as it is: the curve ends on it
+    end = runs * n
+    ys = y[:end].reshape(runs, n)
+    px = np.empty(2 * runs + len(y) - end)
+    py = np.empty_like(px)
+    px[: 2 * runs : 2] = px[1 : 2 * runs : 2] = x[:end:n]
+    py[: 2 * runs : 2] = ys.max(axis=1)
+    py[1 : 2 * runs : 2] = ys.min(axis=1)
+    px[2 * runs :], py[2 * runs :] = x[end:], y[end:]
+    return px, py
+
+
+def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vertical segments from 0 to the max of each run of n samples, for a line item drawing
+    pairs: at a run or more per pixel they fill the area under the curve, for a fraction of the
+    cost of filling a path."""
+    runs = (len(y) - 1) // n
+    end = runs * n
+    tops = np.concatenate([y[:end].reshape(runs, n).max(axis=1), y[end:]])
+    xs = np.concatenate([x[:end:n], x[end:]])
+    bx, by = np.repeat(xs, 2), np.zeros(2 * len(tops))
+    by[1::2] = tops
+    return bx, by
+
+
+class _Grid:
+    """Light horizontal lines across a plot at its left axis' major ticks (or at fixed ticks):
+    pyqtgraph's own grid (showGrid) costs more to paint than all the curves together."""
+
+    def __init__(self, plot: pg.PlotItem, ticks=None):
+        self.plot, self.ticks = plot, ticks
+        self.item = pg.PlotCurveItem(pen=pg.mkPen(GRID_COLOR), connect="pairs", antialias=False)
+        self.item.setZValue(-10)
+        plot.vb.addItem(self.item, ignoreBounds=True)  # the view box's, not a data item
+        self._key, self._ys = None, np.zeros(0)
+        plot.vb.sigRangeChanged.connect(self.draw)
+        plot.vb.sigResized.connect(self.draw)
+
+    def draw(self, *_) -> None:
+        (x0, x1), (y0, y1) = self.plot.vb.viewRange()
+        axis = self.plot.getAxis("left")
+        key = (y0, y1, axis.height())
+        if key != self._key:  # the ticks move with the y range only: x changes every step
+            self._key = key
+            ticks = self.ticks
+            if ticks is None:
+                levels = axis.tickValues(y0, y1, max(1.0, axis.height()))
+                ticks = levels[0][1] if levels else []
+            self._ys = np.array([v for v in ticks if y0 <= v <= y1], dtype=float)
+        self.item.setData(np.tile([x0, x1], len(self._ys)), np.repeat(self._ys, 2))
 
 
 class Timeline(QWidget):
@@ -40,6 +88,7 @@ class Timeline(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.glw)
+        self.grids: list[_Grid] = []
         self.time_plot = self._plot(0, "ms / step", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
         self.token_plot = self._plot(1, "tokens", "Tokens per step (prefill + decode) and batch "
@@ -54,8 +103,8 @@ class Timeline(QWidget):
         self.hit_plot.setLabel("bottom", "step")
         for p in (self.time_plot, self.token_plot, self.block_plot):
             p.hideAxis("bottom")
-        # Filled lines rather than step curves: pyqtgraph downsamples these when zoomed out.
-        # Width-1 cosmetic pens: wide lines cost several times more to rasterise.
+        # Filled lines rather than step curves, given the min and max of the steps under each
+        # pixel (see _redraw). Width-1 cosmetic pens: wide lines cost several times more.
         self.total_curve = self._curve(self.time_plot, palette.DECODE_COLOR, fill=True)
         self.prefill_curve = self._curve(self.time_plot, palette.PREFILL_COLOR, fill=True)
         self.tokens_curve = self._curve(self.token_plot, "#444444")
@@ -64,6 +113,9 @@ class Timeline(QWidget):
         self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR)
         self.free_curve = self._curve(self.block_plot, "#999999")
         self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR)
+        # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
+        self.total_bars = self._bars(self.time_plot, palette.DECODE_COLOR)
+        self.prefill_bars = self._bars(self.time_plot, palette.PREFILL_COLOR)
         self.cursors = []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#000000", width=1))
@@ -73,6 +125,13 @@ class Timeline(QWidget):
             p.scene().sigMouseClicked.connect(self._on_click)
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
+        self._pending = 0  # steps in self.data not drawn yet
+        self._drawn_at = -np.inf
+        self._flush = QTimer(self, singleShot=True, interval=int(MAX_WAIT_S * 1000))
+        self._flush.timeout.connect(self._redraw)
+        self._shown: tuple | None = None  # what the curves hold: (follow, first, end, width)
+        self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
+        self.time_plot.vb.sigResized.connect(self._on_x_range)
 
     def _plot(self, row: int, label: str, tip: str, ticks=None) -> pg.PlotItem:
         p = self.glw.addPlot(row=row, col=0)
@@ -81,23 +140,23 @@ class Timeline(QWidget):
             p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
-        # pyqtgraph's own grid (showGrid) costs more to paint than all the curves together:
-        # one light line item per plot at the axis' major ticks instead.
-        grid = pg.PlotCurveItem(pen=pg.mkPen(GRID_COLOR), connect="pairs", antialias=False)
-        grid.setZValue(-10)
-        p.vb.addItem(grid, ignoreBounds=True)  # the view box's, not a data item of the plot
-        p.vb.sigRangeChanged.connect(lambda *_: _draw_grid(p, grid, ticks))
+        self.grids.append(_Grid(p, ticks))
+        for name in ("left", "bottom"):  # no units: a prefix would only relabel on every step
+            p.getAxis(name).enableAutoSIPrefix(False)
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
-        p.setDownsampling(auto=True, mode="peak")  # 10,000 steps: the min and max per pixel
-        p.setClipToView(True)
         return p
 
     @staticmethod
     def _curve(plot: pg.PlotItem, color: str, fill: bool = False) -> pg.PlotDataItem:
         return plot.plot(pen=pg.mkPen(color), fillLevel=0 if fill else None,
-                         brush=pg.mkBrush(color) if fill else None,
-                         autoDownsampleFactor=SAMPLES_PER_PIXEL)
+                         brush=pg.mkBrush(color) if fill else None)
+
+    @staticmethod
+    def _bars(plot: pg.PlotItem, color: str) -> pg.PlotCurveItem:
+        bars = pg.PlotCurveItem(pen=pg.mkPen(color), connect="pairs", antialias=False)
+        plot.addItem(bars)
+        return bars
 
     def clear(self) -> None:
         self.data = {f: np.zeros(0) for f in FIELDS}
@@ -123,26 +182,73 @@ class Timeline(QWidget):
         self._hit, self._query = int(cols["hit_tokens"][-1]), int(cols["query_tokens"][-1])
         for f in FIELDS:
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
-        self._redraw()
+        self._pending += len(records)
+        if not self.isVisible():
+            return  # drawn when shown
+        if (self._pending * self._pixels_per_step() >= 1
+                or time.monotonic() - self._drawn_at >= MAX_WAIT_S):
+            self._redraw()
+        elif not self._flush.isActive():
+            self._flush.start()
+
+    def _pixels_per_step(self) -> float:
+        (x0, x1), _ = self.time_plot.vb.viewRange()
+        return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        if self._pending:
+            self._redraw()
 
     def _redraw(self) -> None:
+        """Give the curves the steps in view, reduced to the max and min of the steps under each
+        pixel: while the view follows the data, all of them; zoomed in, those in the view."""
+        self._pending, self._drawn_at = 0, time.monotonic()
+        self._flush.stop()
         d = self.data
         x = d["step"]
-        if len(x) == 0:
-            for c in (self.total_curve, self.prefill_curve, self.tokens_curve, self.batch_curve,
-                      self.active_curve, self.cached_curve, self.free_curve, self.hit_curve):
-                c.setData([], [])
-            return
-        self.total_curve.setData(x, d["prefill_ms"] + d["decode_ms"])
-        self.prefill_curve.setData(x, d["prefill_ms"])
-        self.tokens_curve.setData(x, d["prefill_tokens"] + d["decode_tokens"])
-        self.batch_curve.setData(x, d["batch"])
-        self.active_curve.setData(x, d["active"])
-        self.cached_curve.setData(x, d["cached"])
-        self.free_curve.setData(x, d["free"])
         q = d["query_tokens"]
-        self.hit_curve.setData(x, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
-                                            where=q > 0))
+        series = [
+            (self.total_curve, d["prefill_ms"] + d["decode_ms"]),
+            (self.prefill_curve, d["prefill_ms"]),
+            (self.tokens_curve, d["prefill_tokens"] + d["decode_tokens"]),
+            (self.batch_curve, d["batch"]),
+            (self.active_curve, d["active"]),
+            (self.cached_curve, d["cached"]),
+            (self.free_curve, d["free"]),
+            (self.hit_curve, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
+                                       where=q > 0)),
+        ]
+        vb = self.time_plot.vb
+        follow = bool(vb.autoRangeEnabled()[0])
+        first, end = 0, len(x)
+        if not follow:  # one step beyond each edge, so the lines reach them
+            lo, hi = vb.viewRange()[0]
+            first = max(0, int(np.searchsorted(x, lo)) - 1)
+            end = min(len(x), int(np.searchsorted(x, hi, side="right")) + 1)
+        width = max(1, int(vb.width()))
+        self._shown = (follow, first, end, width)
+        per_pixel = (end - first) // width
+        x = x[first:end]
+        bars = {self.total_curve: self.total_bars, self.prefill_curve: self.prefill_bars}
+        for curve, y in series:
+            if curve in bars and per_pixel >= 2:
+                bars[curve].setData(*_bars(x, y[first:end], per_pixel))
+                curve.setData([], [])
+                continue
+            if curve in bars:
+                bars[curve].setData([], [])
+            curve.setData(*_peaks(x, y[first:end], per_pixel))
+
+    def _on_x_range(self, *_) -> None:
+        """Zoomed or panned (or resized): the curves get the steps now in view."""
+        if self._shown is None or not len(self.data["step"]):
+            return
+        follow = bool(self.time_plot.vb.autoRangeEnabled()[0])
+        if follow and self._shown[0] and self._shown[3] == max(1, int(
+                self.time_plot.vb.width())):
+            return  # the view follows the data the curves already hold
+        self._redraw()
 
     def set_cursor(self, step: int | None) -> None:
         for line in self.cursors:
