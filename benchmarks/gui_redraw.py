@@ -75,11 +75,12 @@ def records(n: int, start: int = 0) -> list[StepRecord]:
 
 
 def redraw_times(app, frames: int) -> tuple[list[float], list[bool], int]:
-    """Frame times, whether each frame rebuilt the prefix tree, and the tree's node count.
+    """Frame times, whether each frame did prefix-tree work, and the tree's node count.
 
-    The window rebuilds the tree at most TREE_HZ times a second and pulls frames FRAME_MS
-    apart; back to back here, frames are spaced FRAME_MS apart in simulated time, so the tree
-    is rebuilt in the same share of frames (about 1 in 8) as in the app."""
+    The window rebuilds the tree at most TREE_HZ times a second (building it in one frame and
+    showing it in the next) and pulls frames FRAME_MS apart; back to back here, frames are
+    spaced FRAME_MS apart in simulated time, so the tree is rebuilt in the same share of frames
+    (about 1 in 8) as in the app."""
     mgr = big_state()
     snap = mgr.snapshot()
     nodes = len(list(walk(build_tree(snap))))
@@ -91,7 +92,7 @@ def redraw_times(app, frames: int) -> tuple[list[float], list[bool], int]:
             for r in mgr.seqs]
     window.docks["tree"].raise_()
     app.processEvents()
-    times, rebuilt = [], []
+    times, tree_work = [], []
     tree_due = 0.0
     for i in range(frames):
         frame = Frame(snapshot=snap, evicted=np.zeros(0, dtype=np.int64),
@@ -99,17 +100,18 @@ def redraw_times(app, frames: int) -> tuple[list[float], list[bool], int]:
                       requests=rows)
         window.worker._frame = frame  # what the worker would have published
         now = i * FRAME_MS / 1000  # simulated time of this frame
-        rebuilt.append(now >= tree_due)
-        if rebuilt[-1]:
+        rebuild = now >= tree_due
+        if rebuild:
             tree_due = now + 1 / TREE_HZ
-        window._tree_due = 0.0 if rebuilt[-1] else float("inf")  # the window's own throttle
+        window._tree_due = 0.0 if rebuild else float("inf")  # the window's own throttle
+        tree_work.append(rebuild or window.tree.pending)
         app.processEvents()  # nothing pending before the clock starts
         t0 = time.perf_counter()
         window.pull_frame()
         window.grab()  # one full paint of the window, now (offscreen paints are deferred)
         times.append(time.perf_counter() - t0)
     window.close()
-    return times, rebuilt, nodes
+    return times, tree_work, nodes
 
 
 PROMPTS = [f"Question {i}: how do I " + "use a list and a tuple " * (3 + i % 5) for i in range(16)]
@@ -154,15 +156,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     app = QApplication.instance() or QApplication([])
-    times, rebuilt, nodes = redraw_times(app, args.frames)
-    times, rebuilt = times[3:], rebuilt[3:]  # the first frames build caches
+    times, tree_work, nodes = redraw_times(app, args.frames)
+    times, tree_work = times[3:], tree_work[3:]  # the first frames build caches
     ms = sorted(t * 1e3 for t in times)
     p95 = ms[int(0.95 * (len(ms) - 1))]
-    tree_ms = [t * 1e3 for t, r in zip(times, rebuilt, strict=True) if r]
+    tree_ms = [t * 1e3 for t, w in zip(times, tree_work, strict=True) if w]
     print(f"(a) redraw per frame: 16,384 blocks, 256 requests, {nodes} tree nodes, 10,000-step "
           f"timeline, 1600x1000 window: median {statistics.median(ms):.1f} ms, p95 {p95:.1f} ms "
-          f"(target p95 < 33 ms) over {len(ms)} frames, {len(tree_ms)} of them rebuilding the "
-          f"tree (median {statistics.median(tree_ms):.1f} ms, max {max(tree_ms):.1f} ms)")
+          f"(target p95 < 33 ms) over {len(ms)} frames; {len(tree_ms)} of them worked on the "
+          f"tree (building or showing it): median {statistics.median(tree_ms):.1f} ms, max "
+          f"{max(tree_ms):.1f} ms")
     if args.skip_throughput:
         return
     headless = [headless_tps() for _ in range(args.repeats)]
