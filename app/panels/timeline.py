@@ -11,11 +11,11 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.panels.plot_grid import Grid
 from kvscope.engine.metrics import StepRecord
 
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
           "active", "cached", "free", "hit_tokens", "query_tokens")
-GRID_COLOR = "#e6e6e6"
 # New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long:
 # redrawing the curves costs the same for one new step as for a pixel's worth of them.
 MAX_WAIT_S = 0.25
@@ -51,33 +51,6 @@ def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     return bx, by
 
 
-class _Grid:
-    """Light horizontal lines across a plot at its left axis' major ticks (or at fixed ticks):
-    pyqtgraph's own grid (showGrid) costs more to paint than all the curves together."""
-
-    def __init__(self, plot: pg.PlotItem, ticks=None):
-        self.plot, self.ticks = plot, ticks
-        self.item = pg.PlotCurveItem(pen=pg.mkPen(GRID_COLOR), connect="pairs", antialias=False)
-        self.item.setZValue(-10)
-        plot.vb.addItem(self.item, ignoreBounds=True)  # the view box's, not a data item
-        self._key, self._ys = None, np.zeros(0)
-        plot.vb.sigRangeChanged.connect(self.draw)
-        plot.vb.sigResized.connect(self.draw)
-
-    def draw(self, *_) -> None:
-        (x0, x1), (y0, y1) = self.plot.vb.viewRange()
-        axis = self.plot.getAxis("left")
-        key = (y0, y1, axis.height())
-        if key != self._key:  # the ticks move with the y range only: x changes every step
-            self._key = key
-            ticks = self.ticks
-            if ticks is None:
-                levels = axis.tickValues(y0, y1, max(1.0, axis.height()))
-                ticks = levels[0][1] if levels else []
-            self._ys = np.array([v for v in ticks if y0 <= v <= y1], dtype=float)
-        self.item.setData(np.tile([x0, x1], len(self._ys)), np.repeat(self._ys, 2))
-
-
 class Timeline(QWidget):
     step_clicked = Signal(int)
 
@@ -88,7 +61,7 @@ class Timeline(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.glw)
-        self.grids: list[_Grid] = []
+        self.grids: list[Grid] = []
         self.time_plot = self._plot(0, "ms / step", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
         self.token_plot = self._plot(1, "tokens", "Tokens per step (prefill + decode) and batch "
@@ -140,7 +113,7 @@ class Timeline(QWidget):
             p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
-        self.grids.append(_Grid(p, ticks))
+        self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
         for name in ("left", "bottom"):  # no units: a prefix would only relabel on every step
             p.getAxis(name).enableAutoSIPrefix(False)
         p.setMenuEnabled(False)
