@@ -21,19 +21,33 @@ FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", 
 MAX_WAIT_S = 0.25
 
 
+def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The max and the min of each run of n samples, the last sample of the run before and the
+    first of the run after included (the line from a neighbour crosses into the run's pixel:
+    without them, runs shorter than the data's period leave gaps), and where the runs end.
+    The last sample is never in a run: a curve ends on it."""
+    runs = (len(y) - 1) // n
+    end = runs * n
+    block = y[:end].reshape(runs, n)
+    hi, lo = block.max(axis=1), block.min(axis=1)
+    after = y[n : end + 1 : n]  # the first sample after each run
+    hi, lo = np.maximum(hi, after), np.minimum(lo, after)
+    before = y[n - 1 : end - 1 : n]  # the last sample before each run but the first
+    hi[1:], lo[1:] = np.maximum(hi[1:], before), np.minimum(lo[1:], before)
+    return end, hi, lo
+
+
 def _peaks(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The max and the min of each run of n samples (at the run's first x), then the last
-    samples as they are: at n samples per pixel, the same envelope as every sample."""
+    samples as they are: at n samples per pixel, the envelope of the line through them all."""
     if n <= 1:
         return x, y
-    runs = (len(y) - 1) // n  # the last sample stays as it is: the curve ends on it
-    end = runs * n
-    ys = y[:end].reshape(runs, n)
+    end, hi, lo = _runs(y, n)
+    runs = len(hi)
     px = np.empty(2 * runs + len(y) - end)
     py = np.empty_like(px)
     px[: 2 * runs : 2] = px[1 : 2 * runs : 2] = x[:end:n]
-    py[: 2 * runs : 2] = ys.max(axis=1)
-    py[1 : 2 * runs : 2] = ys.min(axis=1)
+    py[: 2 * runs : 2], py[1 : 2 * runs : 2] = hi, lo
     px[2 * runs :], py[2 * runs :] = x[end:], y[end:]
     return px, py
 
@@ -42,9 +56,8 @@ def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     """Vertical segments from 0 to the max of each run of n samples, for a line item drawing
     pairs: at a run or more per pixel they fill the area under the curve, for a fraction of the
     cost of filling a path."""
-    runs = (len(y) - 1) // n
-    end = runs * n
-    tops = np.concatenate([y[:end].reshape(runs, n).max(axis=1), y[end:]])
+    end, hi, _ = _runs(y, n)
+    tops = np.concatenate([hi, y[end:]])
     xs = np.concatenate([x[:end:n], x[end:]])
     bx, by = np.repeat(xs, 2), np.zeros(2 * len(tops))
     by[1::2] = tops
@@ -114,7 +127,7 @@ class Timeline(QWidget):
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
         self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
-        for name in ("left", "bottom"):  # no units: a prefix would only relabel on every step
+        for name in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
             p.getAxis(name).enableAutoSIPrefix(False)
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)

@@ -20,18 +20,30 @@ def records(n: int, start: int = 0) -> list[StepRecord]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 6, 13])
-def test_peaks_and_bars_keep_every_runs_max_and_min(n):
+def test_peaks_and_bars_keep_the_envelope_of_the_line_through_every_sample(n):
     rng = np.random.default_rng(n)
     x, y = np.arange(1003.0), rng.normal(size=1003)
     px, py = _peaks(x, y, n)
-    bx, by = _bars(x, y, max(n, 1))
-    runs = (len(y) - 1) // n
-    for r in range(runs):
-        run = y[r * n:(r + 1) * n]
-        assert run.max() in py and run.min() in py
-        assert by[2 * r + 1] == run.max() and by[2 * r] == 0 and bx[2 * r] == x[r * n]
-    assert np.array_equal(py[2 * runs:] if n > 1 else py, y[runs * n:] if n > 1 else y)
+    bx, by = _bars(x, y, n)
     assert py.max() == y.max() and py.min() == y.min() and px[-1] == x[-1]
+    if n == 1:
+        assert np.array_equal(py, y)
+        return
+    runs = (len(y) - 1) // n
+    for r in range(runs):  # a run and the samples either side: the line crosses into its pixel
+        near = y[max(0, r * n - 1):(r + 1) * n + 1]
+        assert py[2 * r] == near.max() and py[2 * r + 1] == near.min()
+        assert bx[2 * r] == x[r * n] and by[2 * r] == 0 and by[2 * r + 1] == near.max()
+    assert np.array_equal(py[2 * runs:], y[runs * n:])  # the last samples as they are
+
+
+def test_runs_shorter_than_the_datas_period_leave_no_gaps():
+    y = np.where(np.arange(10_000) % 7 == 0, 10.0, 8.0)  # a prefill every 7 steps
+    runs = (len(y) - 1) // 6
+    _, tops = _bars(np.arange(10_000.0), y, 6)
+    assert (tops[1 : 2 * runs : 2] == 10).all()
+    _, py = _peaks(np.arange(10_000.0), y, 6)
+    assert (py[0 : 2 * runs : 2] == 10).all() and (py[1 : 2 * runs : 2] == 8).all()
 
 
 @pytest.fixture
