@@ -505,8 +505,7 @@ class MainWindow(QMainWindow):
             return  # replaying: the live engine is paused and its frames wait
         frame: Frame | None = self.worker.take_frame()
         if frame is None:
-            if self.tree.pending:  # the engine stopped while the tree was being rebuilt
-                self.tree.advance()
+            self._update_tree()  # the engine stopped: the tree catches up with the last frame
             return
         t0 = time.monotonic()
         self._draw_frame(frame)
@@ -533,17 +532,27 @@ class MainWindow(QMainWindow):
     def _draw_frame(self, frame: Frame) -> None:
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
-        now = time.monotonic()
-        if self.tree.pending:
-            self.tree.advance()  # a slice of the rebuild per frame: none pays for all of it
-        elif not self.docks["tree"].visibleRegion().isEmpty() and now >= self._tree_due:
-            self.tree.prepare(frame.snapshot)  # the slowest panel: at most TREE_HZ
-            self._tree_due = now + 1 / TREE_HZ
+        self._tree_stale = True
+        self._update_tree()
         self.requests.set_rows(frame.requests)
         self.timeline.add_records(frame.records)
         self.events.add_events(frame.events)
         self._refresh_selection()
         self._update_status(frame)
+
+    _tree_stale = False  # frames came since the tree's last rebuild began
+
+    def _update_tree(self) -> None:
+        """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
+        per frame (none pays for all of it), and once more after the last frame."""
+        if self.tree.pending:
+            self.tree.advance()
+            return
+        now = time.monotonic()
+        if (self._tree_stale and now >= self._tree_due and self.snapshot is not None
+                and not self.docks["tree"].visibleRegion().isEmpty()):
+            self.tree.prepare(self.snapshot)
+            self._tree_due, self._tree_stale = now + 1 / TREE_HZ, False
 
     def _update_status(self, frame: Frame) -> None:
         s = frame.snapshot

@@ -303,3 +303,31 @@ def test_a_selected_request_outlines_the_nodes_holding_its_blocks(qtbot):
     assert sorted(panel.outline.data["x"]) == sorted(n.x for n in held)
     panel.highlight(None)
     assert len(panel.outline.data) == 0
+
+
+def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_last(qtbot,
+                                                                                   tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from kvscope.app.engine_worker import Frame
+    from kvscope.app.main_window import MainWindow
+
+    window = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
+    qtbot.addWidget(window)
+    window.frame_timer.stop()  # frames and timer ticks by hand
+    window.resize(1400, 900)
+    window.show()
+    mgr = two_diverging_requests()
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # starts a rebuild: its first slice
+    assert window.tree.pending and not window.tree.flat
+    mgr.admit(3, SHARED_PREFIX + list(range(4000, 4100)))
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the second slice
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the last: the first snapshot's tree
+    assert not window.tree.pending and window.tree.snapshot is not window.snapshot
+    window._tree_due = 0.0  # 1 / TREE_HZ later, no frame comes: the tree catches up
+    for _ in range(3):
+        window._update_tree()
+    assert window.tree.snapshot is window.snapshot
+    assert len(window.tree.flat) == len(list(walk(build_tree(window.snapshot))))
+    window._update_tree()
+    assert not window.tree.pending  # nothing new: nothing rebuilt
