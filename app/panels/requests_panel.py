@@ -146,6 +146,7 @@ class RequestsPanel(QWidget):
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(split)
         self.selected: int | None = None
+        self._table_shown: tuple | None = None  # what the block table shows
 
     def set_rows(self, rows: list[RequestRow]) -> None:
         grew = len(rows) != len(self.model.rows)
@@ -182,13 +183,20 @@ class RequestsPanel(QWidget):
             signal.emit(self.selected)
 
     def show_block_table(self, snap: Snapshot | None, rid: int | None) -> None:
+        """Called on every frame: the text is set again only when it changes."""
         if snap is None or rid is None or rid not in snap.block_tables:
-            note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
-            self.block_table_title.setText("Block table")
-            self.block_table.setPlainText(note)
+            if self._table_shown != (rid,):
+                self._table_shown = (rid,)
+                note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
+                self.block_table_title.setText("Block table")
+                self.block_table.setPlainText(note)
             return
         table = snap.block_tables[rid]
         shared = snap.ref_count[table] >= 2
+        shown = (rid, table.tobytes(), shared.tobytes())
+        if shown == self._table_shown:
+            return
+        self._table_shown = shown
         cells = [f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>" if s else f"{i}→{b}"
                  for i, (b, s) in enumerate(zip(table.tolist(), shared.tolist(), strict=True))]
         self.block_table_title.setText(
