@@ -532,10 +532,10 @@ class MainWindow(QMainWindow):
     def _draw_frame(self, frame: Frame) -> None:
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
-        self._tree_stale = True
-        self._update_tree()
         self.requests.set_rows(frame.requests)
-        self.timeline.add_records(frame.records)
+        self._tree_stale = True
+        if not self.timeline.add_records(frame.records):  # the two costly panels take turns
+            self._update_tree()
         self.events.add_events(frame.events)
         self._refresh_selection()
         self._update_status(frame)

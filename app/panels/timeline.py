@@ -16,8 +16,9 @@ from kvscope.engine.metrics import StepRecord
 
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
           "active", "cached", "free", "hit_tokens", "query_tokens")
-# New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long:
-# redrawing the curves costs the same for one new step as for a pixel's worth of them.
+# New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long
+# (a timer draws them when steps stop coming): redrawing the curves costs the same for one new
+# step as for a pixel's worth of them.
 MAX_WAIT_S = 0.25
 
 
@@ -149,9 +150,11 @@ class Timeline(QWidget):
         self._hit = self._query = 0
         self._redraw()
 
-    def add_records(self, records: list[StepRecord]) -> None:
+    def add_records(self, records: list[StepRecord]) -> bool:
+        """Append steps; returns whether the curves were redrawn now (a pixel's worth of new
+        steps, or the oldest waited MAX_WAIT_S), the costly case."""
         if not records:
-            return
+            return False
         cols = {
             "step": [r.step for r in records],
             "prefill_ms": [r.prefill_s * 1e3 for r in records],
@@ -170,12 +173,13 @@ class Timeline(QWidget):
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
         self._pending += len(records)
         if not self.isVisible():
-            return  # drawn when shown
+            return False  # drawn when shown
         if (self._pending * self._pixels_per_step() >= 1
                 or time.monotonic() - self._drawn_at >= MAX_WAIT_S):
             self._redraw()
-        elif not self._flush.isActive():
-            self._flush.start()
+            return True
+        self._flush.start()  # restarted: it fires only once steps stop coming
+        return False
 
     def _pixels_per_step(self) -> float:
         (x0, x1), _ = self.time_plot.vb.viewRange()
