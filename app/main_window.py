@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -508,25 +508,54 @@ class MainWindow(QMainWindow):
             return  # replaying: the live engine is paused and its frames wait
         frame: Frame | None = self.worker.take_frame()
         if frame is None:
+            self._update_tree()  # the engine stopped: the tree catches up with the last frame
             return
         t0 = time.monotonic()
         self._draw_frame(frame)
-        self.repaint()  # paint now, so the cost below includes it
-        # However costly a frame is to draw, the window leaves two thirds of its time to input.
-        self.frame_timer.setInterval(max(FRAME_MS, int(2000 * (time.monotonic() - t0))))
+        # However costly a frame is to draw, painting included (the paint that followed the
+        # previous frame: this one's is done by the event loop, just after), the window leaves
+        # two thirds of its time to input.
+        self._frame_end = time.monotonic()
+        cost = self._frame_end - t0 + self._paint_s
+        self._paint_s = 0.0
+        self.frame_timer.setInterval(max(FRAME_MS, int(2000 * cost)))
+
+    _paint_s = 0.0  # seconds spent painting the window right after the last frame
+    _frame_end = 0.0
+
+    def event(self, event) -> bool:
+        if event.type() != QEvent.UpdateRequest:
+            return super().event(event)
+        t0 = time.monotonic()  # the window paints every widget that changed, views included
+        handled = super().event(event)
+        if t0 - self._frame_end < self._paint_s + FRAME_MS / 1000:  # a frame's, not a hover's
+            self._paint_s += time.monotonic() - t0
+        return handled
 
     def _draw_frame(self, frame: Frame) -> None:
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
-        now = time.monotonic()
-        if not self.docks["tree"].visibleRegion().isEmpty() and now >= self._tree_due:
-            self.tree.set_snapshot(frame.snapshot)  # the slowest panel: at most TREE_HZ
-            self._tree_due = now + 1 / TREE_HZ
         self.requests.set_rows(frame.requests)
-        self.timeline.add_records(frame.records)
+        self._tree_stale = True
+        if not self.timeline.add_records(frame.records):  # the two costly panels take turns
+            self._update_tree()
         self.events.add_events(frame.events)
         self._refresh_selection()
         self._update_status(frame)
+
+    _tree_stale = False  # frames came since the tree's last rebuild began
+
+    def _update_tree(self) -> None:
+        """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
+        per frame (none pays for all of it), and once more after the last frame."""
+        if self.tree.pending:
+            self.tree.advance()
+            return
+        now = time.monotonic()
+        if (self._tree_stale and now >= self._tree_due and self.snapshot is not None
+                and not self.docks["tree"].visibleRegion().isEmpty()):
+            self.tree.prepare(self.snapshot)
+            self._tree_due, self._tree_stale = now + 1 / TREE_HZ, False
 
     def _update_status(self, frame: Frame) -> None:
         s = frame.snapshot

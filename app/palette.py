@@ -59,8 +59,9 @@ def display_codes(snap: Snapshot, evicted: np.ndarray | None = None) -> np.ndarr
     codes[shared] = CODE_SHARED + np.minimum(snap.ref_count[shared] - 2, SHARED_SHADES - 1)
     cached = snap.state == CACHED
     if cached.any():
-        ranks = snap.lru_rank[cached].astype(np.int64)
-        order = np.argsort(np.argsort(ranks))  # 0 = next victim among cached blocks
+        ranks = snap.lru_rank[cached]
+        order = np.empty(len(ranks), dtype=np.int64)  # 0 = next victim among cached blocks
+        order[np.argsort(ranks, kind="stable")] = np.arange(len(ranks))
         codes[cached] = CODE_CACHED + (order * CACHED_SHADES // max(1, len(ranks)))
     if evicted is not None and len(evicted):
         codes[evicted] = CODE_EVICTED

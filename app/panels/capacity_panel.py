@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
+from kvscope.app.panels.plot_grid import Grid
 from kvscope.engine import capacity as cap
 from kvscope.engine.capacity import GIB, InvalidConfigError, KVShape
 
@@ -140,7 +141,7 @@ class CapacityPanel(QWidget):
 
         self.plot = pg.PlotWidget(background="w")
         self.plot.setMenuEnabled(False)
-        self.plot.showGrid(x=True, y=True, alpha=0.2)
+        self.grid = Grid(self.plot.plotItem, x=True)  # showGrid costs more than the lines
         self.plot.setLabel("left", "KV GiB / request")
         self.plot.setLabel("bottom", "context", units="tokens")
         self.plot.getAxis("left").setWidth(44)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.device_monitor import DeviceMonitor, DeviceSample, History
+from kvscope.app.panels.plot_grid import Grid
 
 GIB = 2**30
 GPU_COLORS = (palette.ACTIVE_COLOR, palette.SHARED_COLOR, palette.CACHED_COLOR,
@@ -59,6 +60,7 @@ class DevicePanel(QWidget):
                                           labelOpts={"position": 0.03, "color": "#333333",
                                                      "anchors": [(0, 0), (0, 0)]})
         self.curves: dict[str, pg.PlotDataItem] = {}
+        self.grids: list[Grid] = []
         if self.gpu_mode:
             names = ", ".join(f"GPU {i}: {n}" for i, n in enumerate(self.monitor.gpu_names))
             self.note_label.setText(names)
@@ -103,7 +105,7 @@ class DevicePanel(QWidget):
         p.setToolTip(tip)
         p.getAxis("left").setWidth(48)
         p.getAxis("left").enableAutoSIPrefix(False)  # GiB stay GiB (no "x0.001")
-        p.showGrid(x=True, y=True, alpha=0.2)
+        self.grids.append(Grid(p, x=True))  # showGrid costs more than the curves
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=False, y=False)
         return p

@@ -70,6 +70,7 @@ class PoolView(QWidget):
     def set_snapshot(self, snap: Snapshot, evicted: np.ndarray | None = None) -> None:
         resized = self.snapshot is None or snap.num_blocks != self.snapshot.num_blocks
         self.snapshot, self._evicted = snap, evicted
+        cols = self.cols
         self.cols = grid_columns(snap.num_blocks, self._aspect())
         rows = -(-snap.num_blocks // self.cols)
         grid = np.full(rows * self.cols, palette.CODE_PAD, dtype=np.uint8)
@@ -80,7 +81,8 @@ class PoolView(QWidget):
             self.auto_fit = True
         if self.auto_fit:
             self.fit()
-        self._draw_outline()
+        if self.cols != cols:
+            self._draw_outline()  # the same blocks in other cells
 
     def fit(self) -> None:
         """Show the whole pool (double-click or a new pool size brings this back)."""
@@ -103,8 +105,10 @@ class PoolView(QWidget):
         self.auto_fit = False
 
     def highlight(self, blocks) -> None:
-        self.highlighted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
-        self._draw_outline()
+        blocks = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
+        if not np.array_equal(blocks, self.highlighted):  # called on every frame
+            self.highlighted = blocks
+            self._draw_outline()
 
     def _draw_outline(self) -> None:
         b = self.highlighted

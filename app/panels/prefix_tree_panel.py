@@ -1,20 +1,26 @@
 """Prefix tree: the real prefix-sharing tree of the pool, coloured by state, sized by ref count.
 
-One ScatterPlotItem for the nodes, one line item for the edges and a bounded number of text
-labels, so a thousand nodes stay fast; zoom and pan with the mouse, double-click to fit."""
+One ScatterPlotItem for the nodes, one line item for the edges and a few text labels placed
+where they do not overlap, so a thousand nodes stay fast and readable: zoomed out, nodes shrink
+to dots (cached smallest, shared biggest) and only the longest runs are labelled; zoom with the
+wheel and pan to read the rest; double-click fits the tree again."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontMetricsF
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
-from kvscope.app.prefix_tree import TreeNode, build_tree, walk
+from kvscope.app.prefix_tree import TreeNode, find_runs, make_forest, walk
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, STATE_NAMES, Snapshot
 
-MAX_LABELS = 150
+MAX_LABELS = 40
+LABEL_MARGIN = 1  # px around a label's text
 STATE_BRUSH = {FREE: "#bbbbbb", ACTIVE: palette.ACTIVE_COLOR, SHARED: palette.SHARED_COLOR,
                CACHED: palette.CACHED_COLOR, -1: "#444444"}
 
@@ -31,6 +37,11 @@ def node_text(node: TreeNode, snap: Snapshot) -> str:
     return text
 
 
+def label_text(node: TreeNode) -> str:
+    return ((f"×{node.count}" if node.count > 1 else "")
+            + (f" {node.hits} hits" if node.hits else "")).strip()
+
+
 class PrefixTreePanel(QWidget):
     block_clicked = Signal(object)
 
@@ -41,13 +52,16 @@ class PrefixTreePanel(QWidget):
         self.plot.hideAxis("bottom")
         self.plot.invertY(True)
         self.plot.setMenuEnabled(False)
+        self.vb = self.plot.plotItem.vb
         self.edges = pg.PlotCurveItem(pen=pg.mkPen("#9a9a9a", width=1), connect="pairs")
         self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True)
         self.outline = pg.ScatterPlotItem(pxMode=True, brush=None, symbol="o",
                                           pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
-        for item in (self.edges, self.nodes, self.outline):
-            self.plot.addItem(item)
-        self.info = QLabel("The prefix tree of the pool: hover a node for details")
+        self.plot.addItem(self.edges)
+        self.plot.addItem(self.nodes)
+        self.plot.addItem(self.outline, ignoreBounds=True)
+        self.info = QLabel("The prefix tree of the pool: hover a node for details; wheel to "
+                           "zoom, drag to pan, double-click to fit")
         self.info.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.info.setWordWrap(True)
         layout = QVBoxLayout(self)
@@ -56,56 +70,201 @@ class PrefixTreePanel(QWidget):
         layout.addWidget(self.info)
         self.labels: list[pg.TextItem] = []
         self._brushes = {state: pg.mkBrush(color) for state, color in STATE_BRUSH.items()}
-        self._pen = pg.mkPen("#ffffff")
+        self._pens = {True: pg.mkPen("#ffffff"), False: pg.mkPen(None)}
         self.forest: list[TreeNode] = []
         self.flat: list[TreeNode] = []
         self.snapshot: Snapshot | None = None
-        self._shape = None
+        self.auto_fit = True  # until the user zooms or pans
+        self._xs = self._ys = self._full_size = self._dot_size = np.zeros(0)
+        self._slot_px: float | None = None  # pixels per leaf slot the sizes were made for
+        self._node_of_block: np.ndarray | None = None  # built on the first highlight
+        self._candidates: list[tuple[int, str, float]] = []  # for labels
+        self._text_px: dict[str, float] = {}
+        self._rebuild = None  # the slices of a rebuild still to run (a generator)
+        self._highlighted = np.zeros(0, dtype=np.int64)
+        self._outline_stale = False  # True: the tree or the sizes changed under the outline
         self.nodes.sigHovered.connect(self._on_hover)
         self.nodes.sigClicked.connect(self._on_click)
+        self.vb.sigRangeChangedManually.connect(self._on_manual_range)
+        self.vb.sigRangeChanged.connect(self._on_range_changed)
+        self.vb.sigResized.connect(self._on_range_changed)
+        self.plot.scene().sigMouseClicked.connect(self._on_scene_click)
 
+    # ----------------------------------------------------------------- render
     def set_snapshot(self, snap: Snapshot) -> None:
-        self.snapshot = snap
-        self.forest = build_tree(snap)
-        self.flat = list(walk(self.forest))
-        xs = np.array([n.x for n in self.flat], dtype=float)
-        ys = np.array([n.level for n in self.flat], dtype=float)
-        sizes = [9 if n.is_root else 7 + 3 * min(n.ref_count, 6) for n in self.flat]
-        # The same brush and pen objects every frame: the symbol atlas then renders nothing new.
-        brushes = [self._brushes[n.state] for n in self.flat]
-        self.nodes.setData(x=xs, y=ys, size=sizes, brush=brushes, pen=self._pen,
-                           data=list(range(len(self.flat))))
-        index = {id(n): i for i, n in enumerate(self.flat)}
-        pairs = [(index[id(n.parent)], i) for i, n in enumerate(self.flat) if n.parent]
-        seg = np.array(pairs, dtype=int).reshape(-1)
+        """Build the tree of this snapshot and show it, now."""
+        self.prepare(snap)
+        while self.pending:
+            self.advance()
+
+    def prepare(self, snap: Snapshot) -> None:
+        """Start rebuilding the tree from this snapshot: run the first of three slices of the
+        work now, the others one per advance(). The window runs a slice per frame, so that no
+        frame pays for a whole rebuild (a thousand nodes cost a few milliseconds a slice)."""
+        self._rebuild = self._rebuild_slices(snap)
+        self.advance()
+
+    @property
+    def pending(self) -> bool:
+        """A rebuild has slices left to run."""
+        return self._rebuild is not None
+
+    def advance(self) -> None:
+        """Run the next slice of the rebuild, if one is pending; the last one shows the tree."""
+        if self._rebuild is not None:
+            try:
+                next(self._rebuild)
+            except StopIteration:
+                self._rebuild = None
+
+    def _rebuild_slices(self, snap: Snapshot):
+        runs = find_runs(snap)  # numpy over every block
+        yield
+        forest = make_forest(snap, runs)  # Python per node, and what is drawn from them
+        flat = list(walk(forest))
+        ref = np.array([min(n.ref_count, 6) for n in flat], dtype=float)
+        root = np.array([n.is_root for n in flat], dtype=bool)
+        index = {id(n): i for i, n in enumerate(flat)}
+        seg = np.array([(index[id(n.parent)], i) for i, n in enumerate(flat) if n.parent],
+                       dtype=int).reshape(-1)
+        brushes = [self._brushes[n.state] for n in flat]  # the same objects: no new symbols
+        candidates = self._label_candidates(flat)
+        yield
+        self.snapshot, self.forest, self.flat = snap, forest, flat
+        xs = self._xs = np.array([n.x for n in flat], dtype=float)
+        ys = self._ys = np.array([n.level for n in flat], dtype=float)
+        # Zoomed in: 7 to 25 px by ref count. Zoomed out: dots of 3 (cached) to 9 px.
+        self._full_size = np.where(root, 9.0, 7.0 + 3.0 * ref)
+        self._dot_size = np.where(root, 9.0, 3.0 + ref)
+        self._candidates = candidates
+        self._node_of_block = None
+        self._outline_stale = True
         self.edges.setData(xs[seg] if len(seg) else [], ys[seg] if len(seg) else [])
+        self._slot_px = self._slot_pixels()
+        self.nodes.setData(x=xs, y=ys, size=self._sizes(self._slot_px), brush=brushes,
+                           pen=self._pens[self._slot_px >= 8], data=np.arange(len(flat)))
+        if self.auto_fit:
+            self.fit()
         self._draw_labels()
-        shape = (len(self.flat), float(xs.max()) if len(xs) else 0, float(ys.max()) if len(ys)
-                 else 0)
-        if shape != self._shape:
-            self._shape = shape
-            self.plot.autoRange(padding=0.08)
+        self.highlight(self._highlighted)
+
+    def fit(self) -> None:
+        """Show the whole forest (double-click brings this back)."""
+        if len(self._xs):
+            self.vb.setRange(xRange=(self._xs.min(), self._xs.max()),
+                             yRange=(self._ys.min(), self._ys.max()), padding=0.08)
+
+    def _slot_pixels(self) -> float:
+        """Screen pixels between two neighbouring leaves (x slots) at the current zoom."""
+        (x0, x1), _ = self.vb.viewRange()
+        return self.vb.width() / (x1 - x0) if x1 > x0 else 1.0
+
+    def _sizes(self, slot_px: float) -> np.ndarray:
+        """Full size where there is room, never smaller than the dot size."""
+        return np.maximum(self._dot_size, np.minimum(self._full_size, 0.9 * slot_px))
+
+    def _on_range_changed(self, *_) -> None:
+        slot_px = self._slot_pixels()
+        if self._slot_px is not None and len(self.flat) and abs(
+                slot_px / self._slot_px - 1) > 0.1:
+            self._slot_px = slot_px
+            self.nodes.setSize(self._sizes(slot_px))
+            self.nodes.setPen(self._pens[slot_px >= 8])
+            self._outline_stale = True
+            self.highlight(self._highlighted)
+        self._draw_labels()
+
+    def _label_candidates(self, flat: list[TreeNode]) -> list[tuple[int, str, float]]:
+        """(flat index, text, text width in px) of the nodes worth a label, most telling first:
+        the longest runs, then the most hits."""
+        metrics = QFontMetricsF(self.font())  # the labels' font: the application's
+        widths = self._text_px
+        out = []
+        for i, n in enumerate(flat):
+            if len(n.blocks) > 1 or n.hits > 0:
+                text = label_text(n)
+                if text not in widths:
+                    widths[text] = metrics.horizontalAdvance(text) + 2 * LABEL_MARGIN + 2
+                out.append((i, text, widths[text]))
+        out.sort(key=lambda c: (-len(flat[c[0]].blocks), -flat[c[0]].hits))
+        if len(widths) > 10_000:
+            widths.clear()
+        return out
 
     def _draw_labels(self) -> None:
-        """Reuse the text items: creating a hundred of them per frame costs more than the tree."""
-        wanted = [n for n in self.flat if n.count > 1 or n.hits > 0][:MAX_LABELS]
+        """Label the nodes that matter most where a label fits without covering another; reuse
+        the text items: creating them per frame costs more than the tree."""
+        (x0, x1), (y0, y1) = self.vb.viewRange()
+        width, height = self.vb.width(), self.vb.height()
+        wanted = []
+        if self._candidates and x1 > x0 and y1 > y0 and width > 0 and height > 0:
+            sx, sy = width / (x1 - x0), height / (y1 - y0)
+            row_px = QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
+            gap = (self._sizes(self._slot_px or 1.0) / 2 + 3).tolist()  # px from the centre
+            xs, ys = self._xs.tolist(), self._ys.tolist()
+            rows: dict[int, list[tuple[float, float]]] = {}
+            for i, text, text_px in self._candidates:
+                x, y = xs[i], ys[i]
+                if not (x0 <= x <= x1 and y0 <= y <= y1):
+                    continue
+                left = (x - x0) * sx + gap[i]
+                right = left + text_px
+                row = int((y - y0) * sy // row_px)
+                near = itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
+                                       rows.get(row + 1, ()))
+                if right > width or any(a < right and left < b for a, b in near):
+                    continue
+                rows.setdefault(row, []).append((left, right))
+                wanted.append((x + gap[i] / sx, y, text))
+                if len(wanted) == MAX_LABELS:
+                    break
         while len(self.labels) < len(wanted):
-            label = pg.TextItem("", color="#333333", anchor=(-0.15, 0.5))
-            self.plot.addItem(label)
+            label = pg.TextItem("", color="#333333", anchor=(0, 0.5),
+                                fill=pg.mkBrush(255, 255, 255, 190))
+            label.textItem.document().setDocumentMargin(LABEL_MARGIN)
+            self.plot.addItem(label, ignoreBounds=True)
             self.labels.append(label)
-        for label, n in zip(self.labels, wanted, strict=False):
-            text = (f"×{n.count}" if n.count > 1 else "") + (f" {n.hits} hits" if n.hits else "")
-            label.setText(text.strip())
-            label.setPos(n.x, n.level)
+        for label, (x, y, text) in zip(self.labels, wanted, strict=False):
+            if label.toPlainText() != text:
+                label.setText(text)
+            label.setPos(x, y)
             label.show()
         for label in self.labels[len(wanted):]:
             label.hide()
 
     def highlight(self, blocks) -> None:
-        wanted = set(np.asarray(blocks if blocks is not None else [], dtype=int).tolist())
-        picked = [n for n in self.flat if not n.is_root and wanted.intersection(n.blocks)]
-        self.outline.setData(x=[n.x for n in picked], y=[n.level for n in picked],
-                             size=[14 + 3 * min(n.ref_count, 6) for n in picked])
+        wanted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
+        if not self._outline_stale and np.array_equal(wanted, self._highlighted):
+            return  # the same blocks on the same tree: the outline is drawn already
+        self._highlighted, self._outline_stale = wanted, False
+        picked = np.zeros(0, dtype=np.int64)
+        if len(wanted) and self.flat:
+            if self._node_of_block is None:
+                self._node_of_block = self._block_index()
+            inside = wanted[(wanted >= 0) & (wanted < len(self._node_of_block))]
+            picked = np.unique(self._node_of_block[inside])
+            picked = picked[picked >= 0]
+        self.outline.setData(x=self._xs[picked], y=self._ys[picked],
+                             size=self._sizes(self._slot_px or 1.0)[picked] + 7)
+
+    def _block_index(self) -> np.ndarray:
+        """The flat index of the node holding each block (-1: none; roots hold no block)."""
+        index = np.full(self.snapshot.num_blocks if self.snapshot else 0, -1, dtype=np.int64)
+        nodes = [(i, n) for i, n in enumerate(self.flat) if not n.is_root]
+        if nodes:
+            blocks = np.fromiter(itertools.chain.from_iterable(n.blocks for _, n in nodes),
+                                 dtype=np.int64)
+            index[blocks] = np.repeat([i for i, _ in nodes], [n.count for _, n in nodes])
+        return index
+
+    # --------------------------------------------------------------- interact
+    def _on_manual_range(self, *_) -> None:
+        self.auto_fit = False
+
+    def _on_scene_click(self, event) -> None:
+        if event.double():
+            self.auto_fit = True
+            self.fit()
 
     def _on_hover(self, item, points, ev) -> None:
         if len(points) and self.snapshot is not None:

@@ -38,12 +38,19 @@ COLUMNS = [
 ]
 
 
+DISPLAY, ALIGNMENT, FOREGROUND = (int(r) for r in (Qt.DisplayRole, Qt.TextAlignmentRole,
+                                                    Qt.ForegroundRole))
+RIGHT = int(Qt.AlignRight | Qt.AlignVCenter)
+
+
 class RequestsModel(QAbstractTableModel):
     def __init__(self):
         super().__init__()
         self.rows: list[RequestRow] = []
+        self._cells: dict[int, list] = {}  # row -> its display texts, made when first shown
 
     def set_rows(self, rows: list[RequestRow]) -> None:
+        self._cells = {}
         if len(rows) == len(self.rows):
             self.rows = rows
             if rows:
@@ -70,18 +77,26 @@ class RequestsModel(QAbstractTableModel):
         return None
 
     def data(self, index, role=Qt.DisplayRole):
-        r = self.rows[index.row()]
-        col = index.column()
-        if role == Qt.DisplayRole:
-            rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None
-                                        else "")
-            return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens,
-                    _ms(r.ttft_s), _ms(r.tpot_s), r.cache_salt or ""][col]
-        if role == Qt.ForegroundRole and col == 1 and r.state.startswith("finished: rej"):
+        # Called for every visible cell and role on every paint: the row's texts are made once
+        # per set_rows, and roles that show nothing return at once.
+        if role == DISPLAY:
+            row = index.row()
+            cells = self._cells.get(row)
+            if cells is None:
+                cells = self._cells[row] = _cells(self.rows[row])
+            return cells[index.column()]
+        if role == ALIGNMENT:
+            return RIGHT if 2 <= index.column() <= 6 else None
+        if (role == FOREGROUND and index.column() == 1
+                and self.rows[index.row()].state.startswith("finished: rej")):
             return QColor(palette.EVICTED_COLOR)
-        if role == Qt.TextAlignmentRole and 2 <= col <= 6:
-            return int(Qt.AlignRight | Qt.AlignVCenter)
         return None
+
+
+def _cells(r: RequestRow) -> list:
+    rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None else "")
+    return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens, _ms(r.ttft_s),
+            _ms(r.tpot_s), r.cache_salt or ""]
 
 
 class RequestsPanel(QWidget):
@@ -131,6 +146,7 @@ class RequestsPanel(QWidget):
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(split)
         self.selected: int | None = None
+        self._table_shown: tuple | None = None  # what the block table shows
 
     def set_rows(self, rows: list[RequestRow]) -> None:
         grew = len(rows) != len(self.model.rows)
@@ -167,13 +183,20 @@ class RequestsPanel(QWidget):
             signal.emit(self.selected)
 
     def show_block_table(self, snap: Snapshot | None, rid: int | None) -> None:
+        """Called on every frame: the text is set again only when it changes."""
         if snap is None or rid is None or rid not in snap.block_tables:
-            note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
-            self.block_table_title.setText("Block table")
-            self.block_table.setPlainText(note)
+            if self._table_shown != (rid,):
+                self._table_shown = (rid,)
+                note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
+                self.block_table_title.setText("Block table")
+                self.block_table.setPlainText(note)
             return
         table = snap.block_tables[rid]
         shared = snap.ref_count[table] >= 2
+        shown = (rid, table.tobytes(), shared.tobytes())
+        if shown == self._table_shown:
+            return
+        self._table_shown = shown
         cells = [f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>" if s else f"{i}→{b}"
                  for i, (b, s) in enumerate(zip(table.tolist(), shared.tolist(), strict=True))]
         self.block_table_title.setText(

@@ -3,16 +3,66 @@ used/cached/free, and the cumulative token hit rate; x linked, zoom and pan, cli
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.panels.plot_grid import Grid
 from kvscope.engine.metrics import StepRecord
 
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
           "active", "cached", "free", "hit_tokens", "query_tokens")
+# New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long
+# (a timer draws them when steps stop coming): redrawing the curves costs the same for one new
+# step as for a pixel's worth of them.
+MAX_WAIT_S = 0.25
+
+
+def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The max and the min of each run of n samples, the last sample of the run before and the
+    first of the run after included (the line from a neighbour crosses into the run's pixel:
+    without them, runs shorter than the data's period leave gaps), and where the runs end.
+    The last sample is never in a run: a curve ends on it."""
+    runs = (len(y) - 1) // n
+    end = runs * n
+    block = y[:end].reshape(runs, n)
+    hi, lo = block.max(axis=1), block.min(axis=1)
+    after = y[n : end + 1 : n]  # the first sample after each run
+    hi, lo = np.maximum(hi, after), np.minimum(lo, after)
+    before = y[n - 1 : end - 1 : n]  # the last sample before each run but the first
+    hi[1:], lo[1:] = np.maximum(hi[1:], before), np.minimum(lo[1:], before)
+    return end, hi, lo
+
+
+def _peaks(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The max and the min of each run of n samples (at the run's first x), then the last
+    samples as they are: at n samples per pixel, the envelope of the line through them all."""
+    if n <= 1:
+        return x, y
+    end, hi, lo = _runs(y, n)
+    runs = len(hi)
+    px = np.empty(2 * runs + len(y) - end)
+    py = np.empty_like(px)
+    px[: 2 * runs : 2] = px[1 : 2 * runs : 2] = x[:end:n]
+    py[: 2 * runs : 2], py[1 : 2 * runs : 2] = hi, lo
+    px[2 * runs :], py[2 * runs :] = x[end:], y[end:]
+    return px, py
+
+
+def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vertical segments from 0 to the max of each run of n samples, for a line item drawing
+    pairs: at a run or more per pixel they fill the area under the curve, for a fraction of the
+    cost of filling a path."""
+    end, hi, _ = _runs(y, n)
+    tops = np.concatenate([hi, y[end:]])
+    xs = np.concatenate([x[:end:n], x[end:]])
+    bx, by = np.repeat(xs, 2), np.zeros(2 * len(tops))
+    by[1::2] = tops
+    return bx, by
 
 
 class Timeline(QWidget):
@@ -25,6 +75,7 @@ class Timeline(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.glw)
+        self.grids: list[Grid] = []
         self.time_plot = self._plot(0, "ms / step", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
         self.token_plot = self._plot(1, "tokens", "Tokens per step (prefill + decode) and batch "
@@ -32,25 +83,26 @@ class Timeline(QWidget):
         self.block_plot = self._plot(2, "blocks", "Blocks active (blue), cached (green) and "
                                      "free (grey) after each step")
         self.hit_plot = self._plot(3, "hit %", "Token hit rate so far: prompt tokens served "
-                                   "from the cache / prompt tokens looked up")
+                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
         self.hit_plot.setYRange(0, 100, padding=0.05)
         self.hit_plot.setLabel("bottom", "step")
         for p in (self.time_plot, self.token_plot, self.block_plot):
             p.hideAxis("bottom")
-        fill = lambda c: pg.mkBrush(c)  # noqa: E731
-        # Filled lines rather than step curves: pyqtgraph downsamples these when zoomed out.
-        self.total_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.DECODE_COLOR),
-                                               pen=pg.mkPen(palette.DECODE_COLOR))
-        self.prefill_curve = self.time_plot.plot(fillLevel=0, brush=fill(palette.PREFILL_COLOR),
-                                                 pen=pg.mkPen(palette.PREFILL_COLOR))
-        self.tokens_curve = self.token_plot.plot(pen=pg.mkPen("#444444"))
-        self.batch_curve = self.token_plot.plot(pen=pg.mkPen(palette.SHARED_COLOR))
-        self.active_curve = self.block_plot.plot(pen=pg.mkPen(palette.ACTIVE_COLOR, width=2))
-        self.cached_curve = self.block_plot.plot(pen=pg.mkPen(palette.CACHED_COLOR, width=2))
-        self.free_curve = self.block_plot.plot(pen=pg.mkPen("#999999", width=2))
-        self.hit_curve = self.hit_plot.plot(pen=pg.mkPen(palette.CACHED_COLOR, width=2))
+        # Filled lines rather than step curves, given the min and max of the steps under each
+        # pixel (see _redraw). Width-1 cosmetic pens: wide lines cost several times more.
+        self.total_curve = self._curve(self.time_plot, palette.DECODE_COLOR, fill=True)
+        self.prefill_curve = self._curve(self.time_plot, palette.PREFILL_COLOR, fill=True)
+        self.tokens_curve = self._curve(self.token_plot, "#444444")
+        self.batch_curve = self._curve(self.token_plot, palette.SHARED_COLOR)
+        self.active_curve = self._curve(self.block_plot, palette.ACTIVE_COLOR)
+        self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR)
+        self.free_curve = self._curve(self.block_plot, "#999999")
+        self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR)
+        # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
+        self.total_bars = self._bars(self.time_plot, palette.DECODE_COLOR)
+        self.prefill_bars = self._bars(self.time_plot, palette.PREFILL_COLOR)
         self.cursors = []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#000000", width=1))
@@ -60,27 +112,49 @@ class Timeline(QWidget):
             p.scene().sigMouseClicked.connect(self._on_click)
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
+        self._pending = 0  # steps in self.data not drawn yet
+        self._drawn_at = -np.inf
+        self._flush = QTimer(self, singleShot=True, interval=int(MAX_WAIT_S * 1000))
+        self._flush.timeout.connect(self._redraw)
+        self._shown: tuple | None = None  # what the curves hold: (follow, first, end, width)
+        self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
+        self.time_plot.vb.sigResized.connect(self._on_x_range)
 
-    def _plot(self, row: int, label: str, tip: str) -> pg.PlotItem:
+    def _plot(self, row: int, label: str, tip: str, ticks=None) -> pg.PlotItem:
         p = self.glw.addPlot(row=row, col=0)
         p.setLabel("left", label)
+        if ticks is not None:  # a short plot: a few round ticks rather than a crowded axis
+            p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
-        p.showGrid(x=False, y=True, alpha=0.2)  # vertical grid lines cost more than they help
+        self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
+        for name in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
+            p.getAxis(name).enableAutoSIPrefix(False)
         p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
-        p.setDownsampling(auto=True, mode="peak")  # 10,000 steps draw as a few hundred
-        p.setClipToView(True)
         return p
+
+    @staticmethod
+    def _curve(plot: pg.PlotItem, color: str, fill: bool = False) -> pg.PlotDataItem:
+        return plot.plot(pen=pg.mkPen(color), fillLevel=0 if fill else None,
+                         brush=pg.mkBrush(color) if fill else None)
+
+    @staticmethod
+    def _bars(plot: pg.PlotItem, color: str) -> pg.PlotCurveItem:
+        bars = pg.PlotCurveItem(pen=pg.mkPen(color), connect="pairs", antialias=False)
+        plot.addItem(bars)
+        return bars
 
     def clear(self) -> None:
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
         self._redraw()
 
-    def add_records(self, records: list[StepRecord]) -> None:
+    def add_records(self, records: list[StepRecord]) -> bool:
+        """Append steps; returns whether the curves were redrawn now (a pixel's worth of new
+        steps, or the oldest waited MAX_WAIT_S), the costly case."""
         if not records:
-            return
+            return False
         cols = {
             "step": [r.step for r in records],
             "prefill_ms": [r.prefill_s * 1e3 for r in records],
@@ -97,26 +171,74 @@ class Timeline(QWidget):
         self._hit, self._query = int(cols["hit_tokens"][-1]), int(cols["query_tokens"][-1])
         for f in FIELDS:
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
-        self._redraw()
+        self._pending += len(records)
+        if not self.isVisible():
+            return False  # drawn when shown
+        if (self._pending * self._pixels_per_step() >= 1
+                or time.monotonic() - self._drawn_at >= MAX_WAIT_S):
+            self._redraw()
+            return True
+        self._flush.start()  # restarted: it fires only once steps stop coming
+        return False
+
+    def _pixels_per_step(self) -> float:
+        (x0, x1), _ = self.time_plot.vb.viewRange()
+        return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        if self._pending:
+            self._redraw()
 
     def _redraw(self) -> None:
+        """Give the curves the steps in view, reduced to the max and min of the steps under each
+        pixel: while the view follows the data, all of them; zoomed in, those in the view."""
+        self._pending, self._drawn_at = 0, time.monotonic()
+        self._flush.stop()
         d = self.data
         x = d["step"]
-        if len(x) == 0:
-            for c in (self.total_curve, self.prefill_curve, self.tokens_curve, self.batch_curve,
-                      self.active_curve, self.cached_curve, self.free_curve, self.hit_curve):
-                c.setData([], [])
-            return
-        self.total_curve.setData(x, d["prefill_ms"] + d["decode_ms"])
-        self.prefill_curve.setData(x, d["prefill_ms"])
-        self.tokens_curve.setData(x, d["prefill_tokens"] + d["decode_tokens"])
-        self.batch_curve.setData(x, d["batch"])
-        self.active_curve.setData(x, d["active"])
-        self.cached_curve.setData(x, d["cached"])
-        self.free_curve.setData(x, d["free"])
         q = d["query_tokens"]
-        self.hit_curve.setData(x, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
-                                            where=q > 0))
+        series = [
+            (self.total_curve, d["prefill_ms"] + d["decode_ms"]),
+            (self.prefill_curve, d["prefill_ms"]),
+            (self.tokens_curve, d["prefill_tokens"] + d["decode_tokens"]),
+            (self.batch_curve, d["batch"]),
+            (self.active_curve, d["active"]),
+            (self.cached_curve, d["cached"]),
+            (self.free_curve, d["free"]),
+            (self.hit_curve, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
+                                       where=q > 0)),
+        ]
+        vb = self.time_plot.vb
+        follow = bool(vb.autoRangeEnabled()[0])
+        first, end = 0, len(x)
+        if not follow:  # one step beyond each edge, so the lines reach them
+            lo, hi = vb.viewRange()[0]
+            first = max(0, int(np.searchsorted(x, lo)) - 1)
+            end = min(len(x), int(np.searchsorted(x, hi, side="right")) + 1)
+        width = max(1, int(vb.width()))
+        self._shown = (follow, first, end, width)
+        per_pixel = (end - first) // width
+        x = x[first:end]
+        bars = {self.total_curve: self.total_bars, self.prefill_curve: self.prefill_bars}
+        for curve, y in series:
+            if curve in bars and per_pixel >= 2:
+                bars[curve].setData(*_bars(x, y[first:end], per_pixel))
+                curve.setData([], [])
+                continue
+            if curve in bars:
+                bars[curve].setData([], [])
+            curve.setData(*_peaks(x, y[first:end], per_pixel))
+
+    def _on_x_range(self, *_) -> None:
+        """Zoomed or panned (or resized): the curves get the steps now in view."""
+        if self._shown is None or not len(self.data["step"]):
+            return
+        follow = bool(self.time_plot.vb.autoRangeEnabled()[0])
+        if follow and self._shown[0] and self._shown[3] == max(1, int(
+                self.time_plot.vb.width())):
+            return  # the view follows the data the curves already hold
+        self._redraw()
 
     def set_cursor(self, step: int | None) -> None:
         for line in self.cursors:

@@ -152,6 +152,8 @@ def test_main_window_screenshot(window, qtbot):
     submit_shared(window, qtbot, n=4)
     step(window, qtbot, 6)
     window.selection.select_request(2)
+    # The tree is rebuilt a slice per frame: wait for the last slice to be shown.
+    qtbot.waitUntil(lambda: not window.tree.pending and len(window.tree.flat) > 1)
     qtbot.wait(100)
     ARTIFACTS.mkdir(exist_ok=True)
     image = window.grab().toImage()

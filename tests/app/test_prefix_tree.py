@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
+import pytest
 from image_compare import ARTIFACTS, to_array
 
-from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
-from kvscope.app.prefix_tree import build_tree, walk
+from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel
+from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
 from kvscope.engine import KVCacheManager
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
 
@@ -104,3 +107,227 @@ def test_a_thousand_nodes_build_quickly_enough_to_draw(qtbot):
     qtbot.addWidget(panel)
     panel.set_snapshot(snap)
     assert len(panel.flat) == len(list(walk(build_tree(snap))))
+
+
+def reference_tree(snap, collapse=True):
+    """The tree by a plain walk over every block, block by block: what build_tree must give."""
+    hashes, parents = snap.block_hash.tolist(), snap.parent_hash.tolist()
+    hashed = [b for b in range(snap.num_blocks) if hashes[b]]
+    by_hash = {hashes[b]: b for b in hashed}
+    children, root_children = {}, {}
+    for b in hashed:
+        p = by_hash.get(parents[b])
+        (root_children.setdefault(parents[b], []) if p is None
+         else children.setdefault(p, [])).append(b)
+    placed = set(hashed)
+    for table in snap.block_tables.values():
+        table = table.tolist()
+        for i, b in enumerate(table):
+            if b not in placed:
+                placed.add(b)
+                (children.setdefault(table[i - 1], []) if i
+                 else root_children.setdefault(0, [])).append(b)
+    state, ref, hits = snap.state.tolist(), snap.ref_count.tolist(), snap.hit_count.tolist()
+    forest = []
+    for kids in root_children.values():
+        root = TreeNode([ROOT], -1, 0, 0)
+        stack = [(root, kids)]
+        while stack:
+            parent, kids = stack.pop()
+            for c in sorted(kids):
+                node = TreeNode([c], state[c], ref[c], hits[c], parent=parent)
+                last = c
+                while collapse:
+                    nxt = children.get(last, ())
+                    if (len(nxt) != 1 or state[nxt[0]] != node.state
+                            or ref[nxt[0]] != node.ref_count):
+                        break
+                    last = nxt[0]
+                    node.blocks.append(last)
+                    node.hits += hits[last]
+                parent.children.append(node)
+                stack.append((node, children.get(last, ())))
+        forest.append(root)
+    forest.sort(key=lambda r: -sum(n.count for n in walk([r])))
+    _layout(forest)  # the same layout: the nodes and their order are what is compared
+    return forest
+
+
+def shape(forest):
+    return [(n.blocks, n.state, n.ref_count, n.hits, n.level, n.x, len(n.children),
+             n.parent.blocks if n.parent else None) for n in walk(forest)]
+
+
+def random_pool(seed: int) -> KVCacheManager:
+    """Requests over shared prefixes, follow-up turns, forks, salts, frees and evictions."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 16])
+    mgr = KVCacheManager(rng.randrange(8, 160), bs)
+    prompts = {}
+    for rid in range(rng.randrange(1, 40)):
+        live, op = list(mgr.seqs), rng.random()
+        if live and op < 0.15:
+            mgr.free(rng.choice(live))
+            continue
+        if live and op < 0.25:
+            mgr.fork(rng.choice(live), 1000 + rid)
+            continue
+        if prompts and op < 0.6:
+            prompt = prompts[rng.choice(list(prompts))] + [rng.randrange(5)
+                                                           for _ in range(rng.randrange(1, 3 * bs))]
+        else:
+            prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 6 * bs))]
+        if mgr.admit(rid, prompt, cache_salt=rng.choice([None, None, "a"])) is not None:
+            prompts[rid] = prompt
+        mgr.step += 1
+    return mgr
+
+
+@pytest.mark.parametrize("collapse", [True, False])
+def test_build_tree_matches_a_plain_walk_over_every_block(collapse):
+    for seed in range(60):
+        snap = random_pool(seed).snapshot()
+        assert shape(build_tree(snap, collapse)) == shape(reference_tree(snap, collapse)), seed
+
+
+def big_pool() -> KVCacheManager:
+    """16,384 blocks: 256 running requests among conversations over shared system prompts."""
+    rng = random.Random(0)
+    mgr = KVCacheManager(16_384, 16)
+    systems = [[rng.randrange(32000) for _ in range(16 * rng.randrange(2, 12))] for _ in range(24)]
+    prompts = {}
+    for rid in range(1_100):
+        if prompts and rng.random() < 0.65:
+            prompt = prompts[rng.choice(list(prompts))] + [rng.randrange(32000)
+                                                           for _ in range(rng.randrange(8, 200))]
+        else:
+            prompt = rng.choice(systems) + [rng.randrange(32000)
+                                            for _ in range(rng.randrange(8, 900))]
+        while len(mgr.seqs) >= 256:
+            mgr.free(rng.choice(list(mgr.seqs)))
+        while mgr.admit(rid, prompt) is None:
+            mgr.free(rng.choice(list(mgr.seqs)))
+        prompts[rid] = prompt
+    return mgr
+
+
+@pytest.fixture(scope="module")
+def big_snapshot():
+    return big_pool().snapshot()
+
+
+def test_a_16k_block_pool_matches_the_plain_walk(big_snapshot):
+    forest = build_tree(big_snapshot)
+    assert len(list(walk(forest))) > 500
+    assert shape(forest) == shape(reference_tree(big_snapshot))
+
+
+def shown_labels(panel):
+    return [label for label in panel.labels if label.isVisible()]
+
+
+def test_a_thousand_nodes_stay_legible_labels_never_overlap(qtbot, big_snapshot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(380, 420)
+    panel.show()
+    panel.set_snapshot(big_snapshot)
+    labels = shown_labels(panel)
+    assert 3 <= len(labels) <= MAX_LABELS
+    rects = [label.sceneBoundingRect() for label in labels]
+    for i, a in enumerate(rects):
+        assert all(not a.intersects(b) for b in rects[i + 1:])
+    # The longest run is labelled first; zoomed out, nodes are small dots.
+    longest = max((n for n in panel.flat if not n.is_root), key=lambda n: n.count)
+    assert f"×{longest.count}" in [label.toPlainText().split()[0] for label in labels]
+    sizes = panel.nodes.data["size"]
+    assert sizes.max() <= 9
+    # Zoomed in, they get their full size back (7 px and up, bigger with more owners).
+    panel.vb.setRange(xRange=(0, 6), yRange=(0, 3), padding=0)
+    assert panel.nodes.data["size"].min() >= 7
+    rects = [label.sceneBoundingRect() for label in shown_labels(panel)]
+    for i, a in enumerate(rects):
+        assert all(not a.intersects(b) for b in rects[i + 1:])
+
+
+def test_the_users_zoom_survives_new_snapshots_and_double_click_fits(qtbot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(480, 360)
+    panel.show()
+    mgr = two_diverging_requests()
+    panel.set_snapshot(mgr.snapshot())
+    fitted = panel.vb.viewRange()
+    panel.vb.setRange(xRange=(0.5, 1.0), yRange=(0.5, 1.0), padding=0)
+    panel.vb.sigRangeChangedManually.emit([True, True])  # what a wheel or a drag emits
+    zoomed = panel.vb.viewRange()
+    mgr.admit(3, SHARED_PREFIX + list(range(4000, 4100)))  # one more branch
+    panel.set_snapshot(mgr.snapshot())
+    assert panel.vb.viewRange() == zoomed
+
+
+    class DoubleClick:
+        def double(self):
+            return True
+
+    panel.plot.scene().sigMouseClicked.emit(DoubleClick())
+    assert panel.auto_fit
+    assert panel.vb.viewRange() != zoomed and panel.vb.viewRange() != fitted  # wider now
+
+
+def test_a_rebuild_runs_in_slices_and_shows_the_tree_at_the_last(qtbot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    mgr = two_diverging_requests()
+    panel.set_snapshot(mgr.snapshot())
+    before = panel.flat
+    mgr.admit(3, SHARED_PREFIX + list(range(4000, 4100)))
+    panel.prepare(mgr.snapshot())
+    slices = 1
+    while panel.pending:
+        assert panel.flat is before  # the old tree stays on screen until the last slice
+        panel.advance()
+        slices += 1
+    assert slices == 3 and len(panel.flat) == len(before) + 1
+
+
+def test_a_selected_request_outlines_the_nodes_holding_its_blocks(qtbot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    mgr = two_diverging_requests()
+    snap = mgr.snapshot()
+    panel.set_snapshot(snap)
+    panel.highlight(snap.block_tables[1])
+    held = [n for n in panel.flat if set(n.blocks) & set(snap.block_tables[1].tolist())]
+    assert len(held) == 2  # the shared run and its own branch
+    assert sorted(panel.outline.data["x"]) == sorted(n.x for n in held)
+    panel.highlight(None)
+    assert len(panel.outline.data) == 0
+
+
+def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_last(qtbot,
+                                                                                   tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from kvscope.app.engine_worker import Frame
+    from kvscope.app.main_window import MainWindow
+
+    window = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
+    qtbot.addWidget(window)
+    window.frame_timer.stop()  # frames and timer ticks by hand
+    window.resize(1400, 900)
+    window.show()
+    mgr = two_diverging_requests()
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # starts a rebuild: its first slice
+    assert window.tree.pending and not window.tree.flat
+    mgr.admit(3, SHARED_PREFIX + list(range(4000, 4100)))
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the second slice
+    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the last: the first snapshot's tree
+    assert not window.tree.pending and window.tree.snapshot is not window.snapshot
+    window._tree_due = 0.0  # 1 / TREE_HZ later, no frame comes: the tree catches up
+    for _ in range(3):
+        window._update_tree()
+    assert window.tree.snapshot is window.snapshot
+    assert len(window.tree.flat) == len(list(walk(build_tree(window.snapshot))))
+    window._update_tree()
+    assert not window.tree.pending  # nothing new: nothing rebuilt
