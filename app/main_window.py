@@ -514,7 +514,7 @@ class MainWindow(QMainWindow):
         self._draw_frame(frame)
         # However costly a frame is to draw, painting included (the paint that followed the
         # previous frame: this one's is done by the event loop, just after), the window leaves
-        # two thirds of its time to input.
+        # at least half of its time to input.
         self._frame_end = time.monotonic()
         cost = self._frame_end - t0 + self._paint_s
         self._paint_s = 0.0
