@@ -514,11 +514,12 @@ class MainWindow(QMainWindow):
         self._draw_frame(frame)
         # However costly a frame is to draw, painting included (the paint that followed the
         # previous frame: this one's is done by the event loop, just after), the window leaves
-        # at least half of its time to input.
+        # two thirds of its time to input, and as much CPU and memory bandwidth to the engine
+        # process (on a small machine they share more than the cores).
         self._frame_end = time.monotonic()
         cost = self._frame_end - t0 + self._paint_s
         self._paint_s = 0.0
-        self.frame_timer.setInterval(max(FRAME_MS, int(2000 * cost)))
+        self.frame_timer.setInterval(max(FRAME_MS, int(3000 * cost)))
 
     _paint_s = 0.0  # seconds spent painting the window right after the last frame
     _frame_end = 0.0
