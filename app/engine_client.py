@@ -100,7 +100,7 @@ class EngineClient(QObject):
     _message = Signal(object, object)  # (process, message), from the reader threads
 
     def __init__(self, setup: str | None = None, parent=None):
-        """setup: a Python file each engine process runs before it serves (see serve)."""
+        """setup: a Python file each engine process runs before it serves (engine_host.main)."""
         super().__init__(parent)
         self.setup = setup
         self.info: EngineInfo | None = None  # the loaded engine
@@ -114,7 +114,11 @@ class EngineClient(QObject):
     # ------------------------------------------------------------- commands
     def load(self, model: str, config) -> None:
         self.cancel_load()
-        self._loading = _Process(self._message.emit, self.setup)
+        try:
+            self._loading = _Process(self._message.emit, self.setup)
+        except OSError as e:  # no process could be started (out of memory, no executable)
+            self.load_failed.emit(f"cannot start the engine process: {e}", "")
+            return
         self._loading.send("load", model, config)
 
     def cancel_load(self) -> None:

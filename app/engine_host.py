@@ -182,6 +182,7 @@ class EngineHost:
     def _handle(self, msg: tuple) -> bool:
         kind, *args = msg
         if kind == "close":
+            self._stop_recording()  # and say so: the window shows where the file is
             return False
         if kind == "ready":
             self.ready = True

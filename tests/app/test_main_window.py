@@ -120,6 +120,24 @@ def test_a_killed_engine_process_is_reported_and_a_new_one_can_be_loaded(window,
                                 window.requests.model.rows), timeout=20_000)
 
 
+def test_loading_another_model_finishes_the_recording_and_says_so(window, qtbot, tmp_path):
+    from kvscope.sessions import SessionReader
+
+    path = tmp_path / "before-reload.kvscope"
+    window.start_recording(str(path))
+    qtbot.waitUntil(lambda: window.recording_path == str(path), timeout=5000)
+    window.submit("Hello there", GREEDY, None)
+    qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
+                                window.requests.model.rows), timeout=20_000)
+    old_pid = window.worker.pid
+    window.load_model("demo")  # a new engine process; the old one closes its file
+    qtbot.waitUntil(lambda: window.worker.pid != old_pid and window.recording_path is None,
+                    timeout=30_000)
+    assert window.last_session == str(path)
+    with SessionReader(path) as reader:
+        assert reader.meta.complete and reader.num_steps >= GREEDY.max_tokens
+
+
 def test_cancelling_a_load_stops_it_and_keeps_the_model_that_runs(window, qtbot):
     old, old_pid = window.engine, window.worker.pid
     window.load_model("demo")
