@@ -11,8 +11,24 @@ FREE, ACTIVE, SHARED, CACHED = 0, 1, 2, 3
 STATE_NAMES = ("free", "active", "shared", "cached")
 
 
+class HitRates:
+    """Cache hit rates from the counters a Snapshot and a workload's RunSummary both carry:
+    hit_tokens, query_tokens, num_requests_hit, num_requests_queried."""
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Share of looked-up prompt tokens that were served from the cache."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        """Share of admitted requests that reused at least one cached block."""
+        n = self.num_requests_queried
+        return self.num_requests_hit / n if n else 0.0
+
+
 @dataclass
-class Snapshot:
+class Snapshot(HitRates):
     step: int
     block_size: int
     state: np.ndarray  # uint8 [num_blocks]: FREE / ACTIVE / SHARED / CACHED
@@ -40,17 +56,6 @@ class Snapshot:
     @property
     def num_blocks(self) -> int:
         return len(self.state)
-
-    @property
-    def token_hit_rate(self) -> float:
-        """Share of looked-up prompt tokens that were served from the cache."""
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    @property
-    def request_hit_rate(self) -> float:
-        """Share of admitted requests that reused at least one cached block."""
-        n = self.num_requests_queried
-        return self.num_requests_hit / n if n else 0.0
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, fields
 
 from kvscope.engine.config import SamplingParams
 from kvscope.engine.outputs import RequestOutput
+from kvscope.engine.snapshot import HitRates
 
 SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 REQUEST_KEYS = ("arrival_s", "prompt", "prompt_ids", "prefix", "cache_salt", "id", "follows",
@@ -433,7 +434,7 @@ class WorkloadRunner:
 
 # ------------------------------------------------------------------------------------ summary
 @dataclass
-class RunSummary:
+class RunSummary(HitRates):
     """The numbers of one workload run, from the engine's own records."""
 
     num_lines: int
@@ -461,15 +462,6 @@ class RunSummary:
     num_evictions: int  # cached blocks whose hash was dropped to reuse the block
     num_preemptions: int
     num_steps: int
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-    @property
-    def request_hit_rate(self) -> float:
-        n = self.num_requests_queried
-        return self.num_requests_hit / n if n else 0.0
 
 
 def percentile(values: list[float], q: float) -> float | None:
