@@ -9,34 +9,23 @@ step record and event reaches the window."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-from multiprocessing.connection import Connection
 
 from PySide6.QtCore import QObject, Signal
 
+from kvscope.app import engine_host
 from kvscope.app.engine_host import EngineInfo, Frame
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 
 
 class _Process:
-    """One engine process, its pipe and the thread that reads the pipe.
-
-    Started as `python -c` with one end of a socket pair: unlike multiprocessing's spawn, this
-    never re-imports the program's main module in the engine process."""
+    """One engine process (see engine_host.start), its socket and the thread that reads it."""
 
     def __init__(self, deliver, setup: str | None):
-        ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-c", "from kvscope.app.engine_host import main; main()",
-               str(theirs.fileno())] + ([os.fspath(setup)] if setup else [])
-        with theirs:
-            self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
-        self.conn = Connection(ours.detach())
+        self.proc, self.conn = engine_host.start(setup)
         self._send_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, args=(deliver,), daemon=True,
                                        name="kvscope-engine-reader")

@@ -20,6 +20,8 @@ import json
 import os
 import runpy
 import signal
+import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -112,6 +114,18 @@ def engine_threads() -> int:
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
     return max(1, cores - 1)
+
+
+def start(setup: str | os.PathLike | None = None) -> tuple[subprocess.Popen, Connection]:
+    """Start an engine process; return it and the window's end of its socket. Started as
+    `python -c` with one end of a socket pair: unlike multiprocessing's spawn, this never
+    re-imports the program's main module in the engine process."""
+    ours, theirs = socket.socketpair()
+    cmd = [sys.executable, "-c", "from kvscope.app.engine_host import main; main()",
+           str(theirs.fileno())] + ([os.fspath(setup)] if setup else [])
+    with theirs:
+        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
+    return proc, Connection(ours.detach())
 
 
 def main(argv: list[str] | None = None) -> None:

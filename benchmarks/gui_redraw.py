@@ -21,13 +21,11 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict
-from multiprocessing.connection import Connection
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -35,6 +33,7 @@ import numpy as np  # noqa: E402
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
+from kvscope.app import engine_host  # noqa: E402
 from kvscope.app.engine_host import Frame, RequestRow, engine_threads  # noqa: E402
 from kvscope.app.main_window import FRAME_MS, TREE_HZ, MainWindow  # noqa: E402
 from kvscope.app.prefix_tree import build_tree, walk  # noqa: E402
@@ -210,11 +209,7 @@ def gui_run(app) -> tuple[float, float]:
 def windowless_run() -> tuple[float, float]:
     """The window's engine process, driven over its socket with no window: the requests
     queued, then run, every frame taken at once (the most the protocol costs the engine)."""
-    ours, theirs = socket.socketpair()
-    with theirs:
-        proc = subprocess.Popen([sys.executable, "-c", "from kvscope.app.engine_host import main;"
-                                 " main()", str(theirs.fileno())], pass_fds=(theirs.fileno(),))
-    conn = Connection(ours.detach())
+    proc, conn = engine_host.start()
 
     def run(prompts, params) -> list:
         for p in prompts:

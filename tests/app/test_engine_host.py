@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 from multiprocessing.connection import Connection
 
-from kvscope.app.engine_host import EngineHost, EngineInfo, Frame
+from kvscope.app.engine_host import EngineHost, EngineInfo, Frame, start
 from kvscope.engine.config import EngineConfig, SamplingParams
 
 PROMPTS = [f"Question {i}: what is a list? " * 3 for i in range(4)]
@@ -100,11 +98,7 @@ def test_a_bad_command_is_reported_and_the_engine_serves_on():
 def test_the_recording_is_finished_when_the_window_process_dies(tmp_path):
     from kvscope.sessions import SessionReader
 
-    ours, theirs = socket.socketpair()
-    with theirs:
-        proc = subprocess.Popen([sys.executable, "-c", "from kvscope.app.engine_host import main;"
-                                 " main()", str(theirs.fileno())], pass_fds=(theirs.fileno(),))
-    conn = Connection(ours.detach())
+    proc, conn = start()
     path = tmp_path / "s.kvscope"
     conn.send(("load", "demo", EngineConfig(num_blocks=64)))
     receive(conn, "loaded")
