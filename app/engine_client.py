@@ -81,6 +81,7 @@ class EngineClient(QObject):
     model_loaded = Signal(object)  # EngineInfo
     load_failed = Signal(str, str)  # message, detail
     engine_error = Signal(str, str)  # message, detail (the engine is paused, the app runs on)
+    request_failed = Signal(str, str)  # message, detail (the engine serves the others on)
     engine_exited = Signal(str)  # the engine process died: what happened
     rejected = Signal(str)  # a request that could not be queued
     running_changed = Signal(bool)
@@ -212,6 +213,8 @@ class EngineClient(QObject):
             self.recording_changed.emit(*args)
         elif kind == "error":
             self.engine_error.emit(*args)
+        elif kind == "request_failed":
+            self.request_failed.emit(*args)
         elif kind == "rejected":
             self.rejected.emit(*args)
         elif kind == "idle":

@@ -7,7 +7,8 @@ interpreter lock with drawing, so the window can take its time painting without 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
 cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), close.
 Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
-rejected (a submit that could not be queued), running, recording, idle, frame.
+request_failed (one request's forward pass or sampling raised; the others run on), rejected
+(a submit that could not be queued), running, recording, idle, frame.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -347,6 +348,9 @@ class EngineHost:
         (or a user action is waiting to see its effect)."""
         engine, f = self.engine, self.pending
         updates = self.sub.drain()
+        for u in updates:
+            for rid, message, detail in u.failures:
+                self._send("request_failed", f"request #{rid} failed: {message}", detail)
         f.records.extend(u.record for u in updates)
         f.events.extend(e for u in updates for e in u.events)
         self.dirty = True

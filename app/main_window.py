@@ -211,6 +211,9 @@ class MainWindow(QMainWindow):
         self.worker.engine_error.connect(self._on_engine_error)
         self.worker.running_changed.connect(self._on_running_changed)
         self.worker.engine_exited.connect(self._on_engine_exited)
+        self.worker.request_failed.connect(
+            lambda message, detail: self.banner.show_error(
+                f"A request failed (the others run on): {message}", detail))
         self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(self.cancel_requested)

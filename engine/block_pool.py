@@ -93,6 +93,19 @@ class BlockPool:
         self.dropped.pop(block_hash, None)
         return True
 
+    def uncache(self, block: int) -> None:
+        """Withdraw a hash registered in a step whose forward pass failed: the block's KV was
+        never written, so it must never be hit. Not an eviction (nothing reusable is lost)."""
+        h = self.block_hash[block]
+        if h is None:
+            return
+        del self.hash_to_block[h]
+        self.block_hash[block] = self.parent_hash[block] = None
+        self.hits[block] = 0
+        if self.ref_count[block] == 0:  # an unhashed free block goes before any cached one
+            self.num_cached -= 1
+            self.free_queue.move_to_end(block, last=False)
+
     def reset(self, step: int) -> list[int]:
         """Forget every hash (cached and active blocks alike). Returns the blocks affected."""
         blocks = sorted(self.hash_to_block.values())

@@ -7,9 +7,11 @@ live on other threads use `subscribe()`, which costs the engine one queue put pe
 from __future__ import annotations
 
 import itertools
+import operator
 import queue
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +36,8 @@ class StepUpdate:
     record: StepRecord
     events: list[ev.Event]
     outputs: list[RequestOutput]
+    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (request, error,
+    #                                    traceback): forward passes or sampling that raised
 
 
 class Subscription:
@@ -94,6 +98,7 @@ class Engine:
         self._ids = itertools.count()
         self._generators: dict[int, torch.Generator | None] = {}
         self._pending: list[RequestOutput] = []  # rejected / cancelled, reported by next step
+        self._failures: list[tuple[int, str, str]] = []  # this step's, see StepUpdate
         self._subscribers: list[Subscription] = []
         self._step_listeners: list = []
         self.num_steps = 0
@@ -124,22 +129,53 @@ class Engine:
         """Queue a request. A prompt that can never fit is rejected: the request finishes at
         once with finish_reason "rejected" and an `error`, and the engine serves the rest."""
         params = params or SamplingParams()
+        if not isinstance(prompt, (str, list, tuple)):
+            raise TypeError(f"a prompt is a str or a list of token ids, not "
+                            f"{type(prompt).__name__}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str or None, not {type(cache_salt).__name__}")
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        problem = _not_text(prompt, "the prompt") or _not_text(cache_salt, "the cache salt")
+        if problem:
+            ids = []
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids, problem = self._token_ids(prompt)
         rid = next(self._ids)
         req = Request(rid, ids, params, RequestMetrics(time.monotonic(), prompt_tokens=len(ids)),
                       cache_salt, pending_forks=params.n - 1)
         self.requests[rid] = req
         self._generators[rid] = make_generator(params)
-        problem = self._why_it_never_fits(req)
+        problem = problem or self._why_it_never_fits(req)
         if problem:
-            self.events.emit(ev.REJECTED, self.manager.step, rid, detail=problem)
-            self._finish(req, "rejected", error=problem)
+            self._reject(req, problem)
         else:
             self.events.emit(ev.ARRIVED, self.manager.step, rid, detail=f"{len(ids)} tokens")
             self.scheduler.add(req)
         return rid
+
+    def _token_ids(self, prompt) -> tuple[list[int], str | None]:
+        """The prompt's token ids, or why they cannot be (not integers, outside the vocabulary)."""
+        vocab = self.loaded.config.vocab_size
+        try:
+            ids = [operator.index(t) for t in prompt]
+        except TypeError:
+            bad = next(t for t in prompt if not _is_int(t))
+            return [], f"token ids must be integers, got {type(bad).__name__} {bad!r:.40}"
+        if ids and not (min(ids) >= 0 and max(ids) < vocab):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            return [], f"token id {bad} is outside the model's vocabulary [0, {vocab})"
+        return ids, None
+
+    def _reject(self, req: Request, why: str) -> None:
+        """The request can never run: it finishes at once with the reason, alone."""
+        self.scheduler.remove(req)
+        if req.request_id in self.manager.seqs:
+            self.manager.free(req.request_id)
+        self.events.emit(ev.REJECTED, self.manager.step, req.request_id, detail=why)
+        self._finish(req, "rejected", error=why)
 
     def _why_it_never_fits(self, req: Request) -> str | None:
         n, bs = len(req.prompt_token_ids), self.config.block_size
@@ -149,6 +185,11 @@ class Engine:
         if n + req.params.max_tokens > limit:
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) exceeds the "
                     f"model's context of {limit} tokens")
+        window = self.loaded.config.sliding_window
+        if window is not None and n + req.params.max_tokens > window:
+            return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) exceeds the "
+                    f"model's sliding window of {window} tokens (sliding-window attention is "
+                    "not implemented)")
         need = -(-(n + req.params.max_tokens) // bs)
         if need > self.num_blocks:
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) needs {need} "
@@ -208,10 +249,10 @@ class Engine:
         """One scheduler step: prefill chunks and decodes. Returns the requests that produced a
         token or finished."""
         t0 = time.monotonic()
-        self.manager.step = self.num_steps
+        self.manager.begin_step(self.num_steps)
         rec = StepRecord(step=self.num_steps, start_s=t0,
                          warmup=self.num_steps < self.config.warmup_steps)
-        outputs, self._pending = self._pending, []
+        outputs, self._pending, self._failures = self._pending, [], []
         try:
             if self.config.enable_kv_cache:
                 self._step_paged(rec, t0, outputs)
@@ -228,47 +269,78 @@ class Engine:
             self.step_records.append(rec)
             self.num_steps += 1
             if self._subscribers or self._step_listeners:
-                update = StepUpdate(rec, self.events.drain(), outputs)
+                update = StepUpdate(rec, self.events.drain(), outputs, self._failures)
                 for sub in self._subscribers:
                     sub._queue.put(update)
                 for fn in list(self._step_listeners):
                     fn(update)
         return outputs
 
-    def _fail(self, reqs: list[Request], error: Exception) -> None:
-        """The forward pass or sampling raised: the requests in it finish with an error and give
-        their blocks back, so the engine stays consistent and serves the rest."""
-        message = f"{type(error).__name__}: {error}"
-        for req in reqs:
-            if not req.finished:
-                self._release(req)
-                self.events.emit(ev.FINISHED, self.manager.step, req.request_id,
-                                 detail=f"error: {message}")
-                self._finish(req, "error", error=message)
+    def _fail(self, req: Request, message: str, outputs: list[RequestOutput]) -> None:
+        """This request's forward pass or sampling raised: it finishes with the error and gives
+        its blocks back; the engine stays consistent and serves the rest."""
+        if req.finished:
+            return
+        self._release(req)
+        self.events.emit(ev.FINISHED, self.manager.step, req.request_id,
+                         detail=f"error: {message}")
+        self._finish(req, "error", error=message, report=False)
+        outputs.append(self._output(req))
+        self._failures.append((req.request_id, message, traceback.format_exc()))
 
     def _step_paged(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
         sched = self.scheduler.schedule(now)
+        for req, why in sched.rejected:
+            self._reject(req, why)
         rec.num_preempted = len(sched.preempted)
         rec.hit_tokens, rec.query_tokens = sched.hit_tokens, sched.query_tokens
-        prefill = [c for c in sched.chunks if not self._is_decode(c)]
-        decode = [c for c in sched.chunks if self._is_decode(c)]
-        copies = sched.copies
-        for group, is_prefill in ((prefill, True), (decode, False)):
-            if not group:
+        chunks = sched.chunks
+        if not chunks:
+            return
+        try:
+            with _ForwardTimer(self.device) as timer:
+                logits = self.runner.run([self._seq_chunk(c) for c in chunks], sched.copies)
+        except Exception as e:  # noqa: BLE001 - isolate the culprit, serve the others
+            chunks, logits, seconds = self._run_one_by_one(chunks, sched.copies, e, outputs)
+        else:
+            seconds = timer.seconds()
+        self._account(rec, [(c.request.request_id, c.num_tokens, self._is_decode(c))
+                            for c in chunks], seconds)
+        self._sample_all([c.request for c in chunks if self._completes(c)], logits, outputs)
+
+    def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
+        return SeqChunk(c.request.token_ids_between(c.start, c.start + c.num_tokens), c.start,
+                        self.manager.block_table(c.request.request_id),
+                        want_logits=self._completes(c))
+
+    def _run_one_by_one(self, chunks: list[ScheduledChunk], copies, error: Exception,
+                        outputs: list[RequestOutput]):
+        """The step's packed forward pass raised. Run its chunks again one at a time, in
+        schedule order, so that only the request that makes the pass fail fails. Schedule order
+        keeps every block written before it is read: a block registered in this step can only
+        be hit by a request admitted after the one that registered it. A request that hit a
+        block of a failed request read KV that was never written: it is preempted, to be
+        recomputed. Returns the chunks that ran, their logits and the time they took."""
+        ran, rows, seconds, poisoned = [], [], 0.0, set()
+        for i, c in enumerate(chunks):
+            req = c.request
+            if poisoned.intersection(self.manager.block_table(req.request_id)):
+                self.scheduler.requeue(req)
                 continue
             try:
-                seq_chunks = [SeqChunk(c.request.token_ids_between(c.start, c.start + c.num_tokens),
-                                       c.start, self.manager.block_table(c.request.request_id),
-                                       want_logits=self._completes(c)) for c in group]
+                if len(chunks) == 1:
+                    raise error
                 with _ForwardTimer(self.device) as timer:
-                    logits = self.runner.run(seq_chunks, copies)
-                copies = []
-                self._sample_all([c.request for c in group if self._completes(c)], logits,
-                                 outputs)
-            except Exception as e:
-                self._fail([c.request for c in sched.chunks], e)
-                raise
-            self._account(rec, group, timer.seconds(), is_prefill)
+                    logits = self.runner.run([self._seq_chunk(c)], copies if i == 0 else ())
+            except Exception as e:  # noqa: BLE001
+                poisoned.update(self.manager.uncache(req.request_id))
+                self._fail(req, f"{type(e).__name__}: {e}", outputs)
+                continue
+            seconds += timer.seconds()
+            ran.append(c)
+            rows.append(logits)
+        logits = torch.cat(rows) if rows else torch.empty(0)
+        return ran, logits, seconds
 
     def _step_naive(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
         """Recompute every running sequence from scratch: no KV cache at all."""
@@ -279,19 +351,27 @@ class Engine:
             req.metrics.first_scheduled_s = now
             sched.running.append(req)
         reqs = list(sched.running)
-        for is_prefill in (True, False):
-            group = [r for r in reqs if (not r.output_token_ids) == is_prefill]
-            if not group:
-                continue
-            try:
-                with _ForwardTimer(self.device) as timer:
-                    logits = self.runner.run_naive([r.all_token_ids for r in group])
-                self._sample_all(group, logits, outputs)
-            except Exception as e:
-                self._fail(reqs, e)
-                raise
-            chunks = [ScheduledChunk(r, 0, r.num_tokens) for r in group]
-            self._account(rec, chunks, timer.seconds(), is_prefill)
+        if not reqs:
+            return
+        try:
+            with _ForwardTimer(self.device) as timer:
+                logits = self.runner.run_naive([r.all_token_ids for r in reqs])
+            seconds = timer.seconds()
+        except Exception:  # noqa: BLE001 - isolate the culprit, serve the others
+            ok, rows, seconds = [], [], 0.0
+            for r in reqs:
+                try:
+                    with _ForwardTimer(self.device) as timer:
+                        rows.append(self.runner.run_naive([r.all_token_ids]))
+                except Exception as e:  # noqa: BLE001
+                    self._fail(r, f"{type(e).__name__}: {e}", outputs)
+                    continue
+                seconds += timer.seconds()
+                ok.append(r)
+            reqs, logits = ok, (torch.cat(rows) if rows else torch.empty(0))
+        self._account(rec, [(r.request_id, r.num_tokens, bool(r.output_token_ids))
+                            for r in reqs], seconds)
+        self._sample_all(reqs, logits, outputs)
 
     @staticmethod
     def _is_decode(c: ScheduledChunk) -> bool:
@@ -303,25 +383,37 @@ class Engine:
         """After this chunk every known token is computed: the request samples a token."""
         return c.start + c.num_tokens == c.request.num_tokens
 
-    def _account(self, rec: StepRecord, chunks: list[ScheduledChunk], seconds: float,
-                 is_prefill: bool) -> None:
-        tokens = sum(c.num_tokens for c in chunks)
-        kind = ev.PREFILL if is_prefill else ev.DECODE
-        for c in chunks:
-            self.events.emit(kind, rec.step, c.request.request_id, detail=str(c.num_tokens))
-        if is_prefill:
-            rec.prefill_s, rec.prefill_tokens = seconds, tokens
-        else:
-            rec.decode_s, rec.decode_tokens = seconds, tokens
-        rec.batch_size += len(chunks)
+    def _account(self, rec: StepRecord, work: list[tuple[int, int, bool]],
+                 seconds: float) -> None:
+        """work: (request id, tokens computed, is a decode) per sequence of the step's forward
+        pass. Prefill and decode share that one pass: its time is split between them in
+        proportion to their tokens."""
+        for rid, n, is_decode in work:
+            self.events.emit(ev.DECODE if is_decode else ev.PREFILL, rec.step, rid, detail=str(n))
+        decode = sum(n for _, n, is_decode in work if is_decode)
+        prefill = sum(n for _, n, _ in work) - decode
+        rec.prefill_tokens, rec.decode_tokens = prefill, decode
+        total = prefill + decode
+        rec.prefill_s = seconds * prefill / total if total else 0.0
+        rec.decode_s = seconds - rec.prefill_s
+        rec.batch_size = len(work)
 
     def _sample_all(self, reqs: list[Request], logits: torch.Tensor,
                     outputs: list[RequestOutput]) -> None:
+        if not reqs:
+            return
         now = time.monotonic()
-        for req, row in zip(reqs, logits, strict=True):
+        greedy = logits.argmax(dim=-1).tolist()  # one batched argmax, one transfer
+        for i, req in enumerate(reqs):
             samples = [req] + self._fork(req)
             for r in samples:
-                self._append_token(r, sample(row, r.params, self._generators[r.request_id]), now)
+                try:
+                    token = greedy[i] if r.params.temperature == 0 else \
+                        sample(logits[i], r.params, self._generators[r.request_id])
+                except Exception as e:  # noqa: BLE001 - this request's sampling only
+                    self._fail(r, f"{type(e).__name__}: {e}", outputs)
+                    continue
+                self._append_token(r, token, now)
                 outputs.append(self._output(r))
 
     def _fork(self, parent: Request) -> list[Request]:
@@ -386,3 +478,22 @@ class Engine:
         return RequestOutput(req.request_id, list(req.output_token_ids), req.text, req.finished,
                              req.metrics.cached_tokens, req.metrics, req.finish_reason, req.error,
                              req.parent_id, req.sample_index)
+
+
+def _is_int(x) -> bool:
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _not_text(value, what: str) -> str | None:
+    """Why a str cannot be encoded (a lone surrogate, say), or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{what} is not valid Unicode text: {e.reason} at character {e.start}"
+    return None

@@ -16,8 +16,9 @@ FREED = "freed"  # a request released its blocks (tail first)
 COW = "cow"  # copy-on-write: blocks = (source, copy)
 FORKED = "forked"  # a request was forked: blocks = the blocks now shared with the parent
 RESET = "reset"  # reset_prefix_cache(): blocks = the blocks whose hash was dropped
+UNCACHED = "uncached"  # hashes withdrawn: the forward pass that was to write their KV failed
 
-BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET)
+BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET, UNCACHED)
 
 # Request events (the scheduler and the engine).
 ARRIVED = "arrived"  # add_request accepted it into the waiting queue

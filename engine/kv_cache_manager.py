@@ -2,8 +2,11 @@
 
 A request's tokens are "known" (prompt plus generated so far) and a prefix of them is "computed"
 (their KV lives in the pool). Full blocks of computed tokens are registered under their chained
-hash as soon as their slots are allocated: the forward pass that fills them runs before any later
-request can read them (each layer stores K/V before it attends).
+hash as soon as their slots are allocated (as vLLM does), so a request admitted later in the same
+step can hit them. That is safe because the engine runs every chunk of a step in one packed
+forward pass in which each layer stores the K/V of all new tokens before any token attends. If
+that forward pass fails, `uncache` withdraws what the step registered for the failed requests:
+a block is a hit only once its KV is written.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.events = ev.EventLog(record_events)
         self.step = 0
+        self._registered: dict[int, list[int]] = {}  # this step: request -> blocks it registered
         self.seqs: dict[int, _Seq] = {}
         self.explanations: dict[int, ex.MissExplanation] = {}
         self._recent_keys: OrderedDict[ExtraKeys, bytes] = OrderedDict()  # keys -> root hash
@@ -171,10 +175,26 @@ class KVCacheManager:
                       for i in range(seq.num_registered, num_full)
                       if self.pool.cache(seq.table[i], seq.hashes[i], parents[i])]
             if cached:  # hashes: the blocks' short hashes, then their parents'
+                self._registered.setdefault(request_id, []).extend(b for b, _, _ in cached)
                 self.events.emit(ev.CACHED, self.step, request_id, [b for b, _, _ in cached],
                                  hashes=[short_hash(h) for _, h, _ in cached]
                                  + [short_hash(p) for _, _, p in cached])
         seq.num_registered = num_full
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self._registered.clear()
+
+    def uncache(self, request_id: int) -> list[int]:
+        """The forward pass that was to write this request's new KV failed: withdraw the hashes
+        it registered in this step (their blocks hold no KV). Returns those blocks: any other
+        request holding one of them read KV that was never written."""
+        blocks = self._registered.pop(request_id, [])
+        for b in blocks:
+            self.pool.uncache(b)
+        if blocks:
+            self.events.emit(ev.UNCACHED, self.step, request_id, blocks)
+        return blocks
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent by reference (the partial last block too);

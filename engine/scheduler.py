@@ -30,6 +30,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Request] = field(default_factory=list)
+    rejected: list[tuple[Request, str]] = field(default_factory=list)  # admission raised: why
     hit_tokens: int = 0  # first admissions only, as in the manager's counters
     query_tokens: int = 0
 
@@ -72,8 +73,15 @@ class Scheduler:
             req = self.waiting[0]
             tokens = req.all_token_ids
             first = req.metrics.first_scheduled_s is None
-            cached = mgr.admit(req.request_id, tokens, budget, cache_salt=req.cache_salt,
-                               count_stats=first)
+            try:
+                cached = mgr.admit(req.request_id, tokens, budget, cache_salt=req.cache_salt,
+                                   count_stats=first)
+            except Exception as e:  # noqa: BLE001 - reject it alone; the queue moves on
+                self.waiting.popleft()
+                if req.request_id in mgr.seqs:
+                    mgr.free(req.request_id)
+                out.rejected.append((req, f"admission failed: {type(e).__name__}: {e}"))
+                continue
             if cached is None:
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -93,6 +101,16 @@ class Scheduler:
         return out
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self._give_back(req)
+        out.preempted.append(req)
+
+    def requeue(self, req: Request) -> None:
+        """Preempt a running request now (its KV cannot be trusted): it is recomputed later."""
+        self.running.remove(req)
+        self._give_back(req)
+
+    def _give_back(self, req: Request) -> None:
+        """Preemption by recompute: all blocks back, first in line to be readmitted."""
         self.manager.free(req.request_id)
         self.manager.events.emit(ev.PREEMPTED, self.manager.step, req.request_id,
                                  detail=f"{req.num_computed_tokens} tokens to recompute")
@@ -100,7 +118,6 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.metrics.num_preemptions += 1
         self.waiting.appendleft(req)
-        out.preempted.append(req)
 
     def remove(self, req: Request) -> None:
         """Take a request out of whichever queue holds it; its blocks are freed by the caller."""

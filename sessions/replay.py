@@ -131,6 +131,11 @@ class PoolReplay:
                                   "not match its block table")
             table.pop()  # the copy was allocated (ALLOCATED) just before, not appended
             table[table.index(src)] = dst
+        elif kind == ev.UNCACHED:  # a failed step's hashes withdrawn (not an eviction)
+            self._drop(blocks)
+            for b in blocks:
+                if self.ref[b] == 0:
+                    self.queue.move_to_end(b, last=False)
         elif kind == ev.RESET:
             self._drop(blocks)
             for b in reversed(blocks):

@@ -93,14 +93,16 @@ def test_an_engine_error_shows_a_message_and_the_window_keeps_working(qtbot, tmp
     qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
     assert "simulated kernel failure" in window.banner.label.text()
     assert "Traceback" in window.banner.detail
+    qtbot.waitUntil(lambda: [r.state for r in window.requests.model.rows] == ["finished: error"],
+                    timeout=10_000)
     # Still responsive: the selection works and, with the fault gone, the engine steps again.
     window.selection.select_block(3)
     assert "block 3" in window.details.text.toPlainText()
     fault.unlink()
-    step(window, qtbot)
     window.submit("Hello again", GREEDY, None)
-    qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
-                                window.requests.model.rows), timeout=20_000)
+    qtbot.waitUntil(lambda: [r.state.split(":")[0] for r in window.requests.model.rows]
+                    == ["finished", "finished"] and window.requests.model.rows[1].state !=
+                    "finished: error", timeout=20_000)
 
 
 def test_a_killed_engine_process_is_reported_and_a_new_one_can_be_loaded(window, qtbot):

@@ -12,6 +12,7 @@ from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.engine.snapshot import Snapshot
 
 BS = 4
+POISON = 2  # prompts are drawn from 3..319: a forward pass computing token 2 raises (see drive)
 
 
 def make_engine(model_dir, **kw):
@@ -32,9 +33,18 @@ def drive(engine, on_step=None, max_steps: int = 160, seed: int = 0,
           forever: bool = False) -> int:
     """A seeded workload on a small pool that produces every block event: shared prefixes
     (hits), parallel sampling (fork + copy on write), salts, pressure (evictions, preemptions),
-    cancels and prefix-cache resets between steps, rejected requests. Calls on_step(engine) after
-    every step. Returns the number of steps run."""
+    cancels and prefix-cache resets between steps, rejected requests, and requests whose forward
+    pass fails (their registered blocks are withdrawn). Calls on_step(engine) after every step.
+    Returns the number of steps run."""
     rng = random.Random(seed)
+    real_run = engine.runner.run
+
+    def run(chunks, copies=()):
+        if any(POISON in c.token_ids for c in chunks):
+            raise RuntimeError("simulated kernel failure")
+        return real_run(chunks, copies)
+
+    engine.runner.run = run
     prefixes = [prompt(17, seed=1), prompt(9, seed=2)]
 
     def add(n_extra, **params):
@@ -60,6 +70,9 @@ def drive(engine, on_step=None, max_steps: int = 160, seed: int = 0,
             live = [r for r, q in engine.requests.items() if not q.finished]
             if live:
                 engine.cancel(rng.choice(live))
+        if steps in (30, 100):  # fails in the step that registers its blocks
+            engine.add_request(prefixes[0] + prompt(12, steps) + [POISON],
+                               SamplingParams(max_tokens=3))
         if steps in (40, 90) or (forever and steps % 50 == 49):
             engine.manager.reset_prefix_cache()
         if not engine.has_unfinished():
