@@ -35,6 +35,7 @@ from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.stream import StepQueue
 
 
 @dataclass
@@ -93,21 +94,47 @@ class EngineInfo:
         self.explanations.update(frame.explanations)
 
 
-def request_rows(engine) -> list[RequestRow]:
-    running = {r.request_id for r in engine.scheduler.running}
-    rows = []
-    for r in engine.requests.values():
-        if r.finished:
-            state = f"finished: {r.finish_reason}"
-        elif r.request_id in running:
-            state = "prefill" if r.is_prefill else "decode"
-        else:
-            state = "waiting"
-        m = r.metrics
-        rows.append(RequestRow(r.request_id, state, len(r.prompt_token_ids), m.cached_tokens,
-                               len(r.output_token_ids), m.ttft_s, m.tpot_s, r.cache_salt,
-                               r.parent_id, r.text))
-    return rows
+class RequestTable:
+    """The requests table, kept from the step stream alone: one row per request in arrival
+    order; finished rows beyond `history` are dropped, oldest first."""
+
+    def __init__(self, history: int = 1024):
+        self.rows: dict[int, RequestRow] = {}
+        self.history = history
+        self._finished: list[int] = []
+
+    def apply(self, update) -> None:
+        rows = self.rows
+        for r in update.new_requests:
+            rows[r.request_id] = RequestRow(
+                r.request_id, "waiting" if r.parent_id is None else "decode",
+                len(r.prompt_token_ids), 0, 0, None, None, r.cache_salt, r.parent_id, "")
+        for e in update.events:
+            row = rows.get(e.request_id)
+            if row is None or row.state.startswith("finished"):
+                continue
+            if e.kind in (ev.ADMITTED, ev.PREFILL):
+                row.state = "prefill"
+            elif e.kind == ev.DECODE:
+                row.state = "decode"
+            elif e.kind == ev.PREEMPTED:
+                row.state = "waiting"
+        for o in update.outputs:
+            row = rows.get(o.request_id)
+            if row is None:
+                continue
+            m = o.metrics
+            row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens,
+                                                              len(o.token_ids), o.text)
+            row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
+            if o.finished and not row.state.startswith("finished"):
+                row.state = f"finished: {o.finish_reason}"
+                self._finished.append(o.request_id)
+        if len(self._finished) > self.history:
+            drop, self._finished = (self._finished[:-self.history],
+                                    self._finished[-self.history:])
+            for rid in drop:
+                rows.pop(rid, None)
 
 
 def engine_threads() -> int:
@@ -155,7 +182,7 @@ class EngineHost:
         self.ready = True  # the window has taken the last frame
         self.dirty = False  # something happened since the last frame
         self.pending = Frame()  # records and events not sent yet
-        self.explained: dict[int, MissExplanation] = {}  # what the window has been sent
+        self.table = RequestTable()
 
     def serve(self) -> None:
         try:
@@ -225,7 +252,7 @@ class EngineHost:
             if self.engine.cancel(*args):
                 self._publish(force=True)
         elif kind == "reset_prefix_cache":
-            self.engine.manager.reset_prefix_cache()
+            self.engine.reset_prefix_cache()
             self._publish(force=True)
         elif kind == "record":
             self._start_recording(*args)
@@ -250,15 +277,16 @@ class EngineHost:
             self._send("load_failed", _one_line(e), traceback.format_exc())
             return
         self.engine, self.runner = engine, None
-        self.sub = engine.subscribe()
-        self.pending, self.explained = Frame(), {}
+        self.sub = StepQueue()
+        engine.subscribe(self.sub)
+        self.pending, self.table = Frame(), RequestTable()
         loaded, runner = engine.loaded, engine.runner
         self._send("loaded", EngineInfo(
             model_name=loaded.name,
             model_config=json.loads((loaded.path / "config.json").read_text()),
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
-            num_blocks=engine.num_blocks, block_size=engine.manager.block_size))
+            num_blocks=engine.num_blocks, block_size=engine.config.block_size))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
@@ -351,18 +379,17 @@ class EngineHost:
         for u in updates:
             for rid, message, detail in u.failures:
                 self._send("request_failed", f"request #{rid} failed: {message}", detail)
-        f.records.extend(u.record for u in updates)
-        f.events.extend(e for u in updates for e in u.events)
+            self.table.apply(u)
+            f.records.append(u.record)
+            f.events.extend(u.events)
+            f.explanations.update((why.request_id, why) for why in u.explanations)
         self.dirty = True
         if not (self.ready or force):
             return
         f.snapshot = snap = engine.snapshot()
         f.evicted = np.asarray([b for e in f.events if e.kind == ev.EVICTED
                                 and e.step == snap.step for b in e.blocks], dtype=np.int64)
-        f.requests = request_rows(engine)
-        f.explanations = {rid: why for rid, why in engine.manager.explanations.items()
-                          if self.explained.get(rid) is not why}  # new, or re-admitted
-        self.explained.update(f.explanations)
+        f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False
 

@@ -87,7 +87,7 @@ def hf_model(path: Path):
 
 # ------------------------------------------------------------------------------------ (a)
 def ours_generate(engine: Engine, prompts, max_new: int):
-    engine.manager.reset_prefix_cache()
+    engine.reset_prefix_cache()
     hits = engine.snapshot().hit_tokens
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_new, ignore_eos=True))
     assert engine.snapshot().hit_tokens == hits, "a repeat reused cached blocks"
@@ -167,7 +167,7 @@ def section_b(args, demo: Path) -> None:
     engine.generate([random_ids(200, rng)], params)  # warm-up
     cold, warm, cached = [], [], []
     for _ in range(max(args.repeats, 3)):
-        engine.manager.reset_prefix_cache()
+        engine.reset_prefix_cache()
         (a,) = engine.generate([prefix + random_ids(48, rng)], params)
         (b,) = engine.generate([prefix + random_ids(48, rng)], params)
         assert a.num_cached_tokens == 0
@@ -197,7 +197,7 @@ def section_c(args, long_model: Path) -> None:
     cached.generate([random_ids(100, rng)], SamplingParams(max_tokens=4))  # warm-up
     ours, out_ours = [], None
     for _ in range(args.repeats):
-        cached.manager.reset_prefix_cache()
+        cached.reset_prefix_cache()
         dt, outs = timed(lambda: cached.generate([prompt], params))
         ours.append(dt)
         out_ours = outs[0].token_ids

@@ -152,11 +152,13 @@ import json, sys, time
 import torch
 from kvscope.app.engine_host import engine_threads
 from kvscope.engine import Engine, EngineConfig, SamplingParams
+from kvscope.engine.stream import StepQueue
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(engine_threads())  # what the window's engine process uses
 engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=spec["num_blocks"]))
 engine.generate(spec["warmup"][0], SamplingParams(**spec["warmup"][1]))
-sub = engine.subscribe()
+sub = StepQueue()
+engine.subscribe(sub)
 t0 = time.perf_counter()
 outs = engine.generate(spec["prompts"], SamplingParams(**spec["params"]))
 elapsed = time.perf_counter() - t0

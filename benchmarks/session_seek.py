@@ -43,6 +43,7 @@ import torch  # noqa: E402
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from kvscope.engine.loader import load_model  # noqa: E402
+from kvscope.engine.stream import StepQueue
 from kvscope.sessions import Recorder, SessionReader  # noqa: E402
 from kvscope.sessions import recorder as recorder_module  # noqa: E402
 
@@ -175,7 +176,9 @@ def engine_run(model, num_blocks: int, num_requests: int, mode: str,
     else:
         engine = make_engine(model, num_blocks)
         add_workload(engine, num_requests)
-    sub = engine.subscribe() if mode == "drained" else None
+    sub = StepQueue() if mode == "drained" else None
+    if sub is not None:
+        engine.subscribe(sub)
     rec = None
     if mode == "on":
         rec = Recorder(tempfile.mktemp(suffix=".kvscope", dir=tmp), engine).start()

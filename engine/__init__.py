@@ -10,10 +10,12 @@ from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
 from kvscope.engine.metrics import RequestMetrics, StepRecord
 from kvscope.engine.outputs import RequestOutput
-from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.snapshot import CacheCounters, Snapshot
+from kvscope.engine.stream import NewRequest, StepQueue, StepUpdate
 
-__all__ = ["Engine", "EngineConfig", "KVCacheManager", "MissExplanation", "NoFreeBlocksError",
-           "RequestMetrics", "RequestOutput", "SamplingParams", "Snapshot", "StepRecord"]
+__all__ = ["CacheCounters", "Engine", "EngineConfig", "KVCacheManager", "MissExplanation",
+           "NewRequest", "NoFreeBlocksError", "RequestMetrics", "RequestOutput", "SamplingParams",
+           "Snapshot", "StepQueue", "StepRecord", "StepUpdate"]
 
 
 def __getattr__(name):

@@ -1,17 +1,16 @@
 """The engine: scheduler + cache manager + model runner, one step at a time.
 
-Not thread-safe: drive it from one thread (the GUI runs it in a worker thread). Observers that
-live on other threads use `subscribe()`, which costs the engine one queue put per step.
+Not thread-safe: drive it from one thread (in the window, the engine runs in its own process:
+app/engine_host.py). What happens inside leaves only through the step stream (`subscribe`, see
+stream.py) and the public methods below; `manager`, `scheduler` and `requests` are internals.
 """
 
 from __future__ import annotations
 
-import itertools
 import operator
-import queue
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections import deque
 
 import torch
 
@@ -26,31 +25,10 @@ from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.request import Request, Status
 from kvscope.engine.sampler import make_generator, sample
 from kvscope.engine.scheduler import ScheduledChunk, Scheduler
-from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
+from kvscope.engine.stream import NewRequest, StepUpdate
 
-
-@dataclass
-class StepUpdate:
-    """What one step published to subscribers."""
-
-    record: StepRecord
-    events: list[ev.Event]
-    outputs: list[RequestOutput]
-    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (request, error,
-    #                                    traceback): forward passes or sampling that raised
-
-
-class Subscription:
-    def __init__(self):
-        self._queue: queue.SimpleQueue[StepUpdate] = queue.SimpleQueue()
-
-    def drain(self) -> list[StepUpdate]:
-        updates = []
-        while True:
-            try:
-                updates.append(self._queue.get_nowait())
-            except queue.Empty:
-                return updates
+FINISHED_HISTORY = 1024  # finished requests kept for cancel() and explain_miss; older retire
 
 
 class _ForwardTimer:
@@ -95,12 +73,13 @@ class Engine:
         self.scheduler = Scheduler(config, self.manager)
         self.requests: dict[int, Request] = {}
         self.step_records: list[StepRecord] = []
-        self._ids = itertools.count()
+        self._next_id = 0
         self._generators: dict[int, torch.Generator | None] = {}
         self._pending: list[RequestOutput] = []  # rejected / cancelled, reported by next step
         self._failures: list[tuple[int, str, str]] = []  # this step's, see StepUpdate
-        self._subscribers: list[Subscription] = []
-        self._step_listeners: list = []
+        self._new: list[NewRequest] = []  # arrived since the last step
+        self._finished: deque[int] = deque()  # finished requests, oldest first, to retire
+        self._subscribers: list = []
         self.num_steps = 0
         self.eos_token_ids = set(loaded.config.eos_token_ids)
 
@@ -143,10 +122,11 @@ class Engine:
             ids = self.tokenizer.encode(prompt)
         else:
             ids, problem = self._token_ids(prompt)
-        rid = next(self._ids)
+        rid, self._next_id = self._next_id, self._next_id + 1
         req = Request(rid, ids, params, RequestMetrics(time.monotonic(), prompt_tokens=len(ids)),
                       cache_salt, pending_forks=params.n - 1)
         self.requests[rid] = req
+        self._new.append(self._new_request(req))
         self._generators[rid] = make_generator(params)
         problem = problem or self._why_it_never_fits(req)
         if problem:
@@ -198,7 +178,11 @@ class Engine:
 
     def cancel(self, request_id: int) -> bool:
         """Cancel at any phase; its blocks are released. False if it had already finished."""
-        req = self.requests[request_id]
+        req = self.requests.get(request_id)
+        if req is None:
+            if 0 <= request_id < self._next_id:
+                return False  # finished long ago (retired)
+            raise KeyError(f"no request {request_id}")
         if req.finished:
             return False
         self._release(req)
@@ -214,13 +198,13 @@ class Engine:
         """Run to completion. One output per sample, in prompt order (samples of a prompt
         follow it when n > 1)."""
         ids = [self.add_request(p, params, cache_salt) for p in prompts]
+        final: dict[int, RequestOutput] = {}
         while self.has_unfinished():
-            self.step()
-        order = []
-        for rid in ids:
-            order.append(rid)
-            order += [r.request_id for r in self.requests.values() if r.parent_id == rid]
-        return [self._output(self.requests[r]) for r in order]
+            final.update((o.request_id, o) for o in self.step() if o.finished)
+        samples: dict[int, list[RequestOutput]] = {}
+        for o in sorted(final.values(), key=lambda o: o.sample_index):
+            samples.setdefault(o.request_id if o.parent_id is None else o.parent_id, []).append(o)
+        return [o for rid in ids for o in samples[rid]]
 
     def snapshot(self) -> Snapshot:
         return self.manager.snapshot()
@@ -228,21 +212,40 @@ class Engine:
     def explain_miss(self, request_id: int) -> MissExplanation:
         return self.manager.explain_miss(request_id)
 
-    def subscribe(self) -> Subscription:
-        sub = Subscription()
-        self._subscribers.append(sub)
-        return sub
+    def subscribe(self, callback) -> None:
+        """callback(StepUpdate) on the engine's thread at the end of every step (a failed one
+        too). It must be quick and must not raise; a consumer on another thread subscribes a
+        stream.StepQueue and drains it."""
+        self._subscribers.append(callback)
 
-    def unsubscribe(self, sub: Subscription) -> None:
-        self._subscribers.remove(sub)
+    def unsubscribe(self, callback) -> None:
+        self._subscribers.remove(callback)
 
-    def add_step_listener(self, fn) -> None:
-        """fn(StepUpdate) on the engine thread at the end of every step (a failed one too).
-        It must be quick and must not raise: the recorder's capture uses this."""
-        self._step_listeners.append(fn)
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (running requests keep their blocks)."""
+        self.manager.reset_prefix_cache()
 
-    def remove_step_listener(self, fn) -> None:
-        self._step_listeners.remove(fn)
+    def counters(self) -> CacheCounters:
+        return self.manager.counters()
+
+    def pool_state(self) -> PoolState:
+        """A cheap copy of the block state (about 1 ms for 16k blocks, against about 10 ms for
+        snapshot()), to be turned into a Snapshot on another thread."""
+        return self.manager.pool_state()
+
+    def request_output(self, request_id: int) -> RequestOutput | None:
+        """A request's state now (None once retired from the finished history)."""
+        req = self.requests.get(request_id)
+        return None if req is None else self._output(req)
+
+    def unfinished_requests(self) -> list[NewRequest]:
+        """The requests not finished yet, as they entered (for a recorder started mid-run)."""
+        return [self._new_request(r) for r in self.requests.values() if not r.finished]
+
+    @staticmethod
+    def _new_request(r: Request) -> NewRequest:
+        return NewRequest(r.request_id, r.prompt_token_ids, r.params, r.metrics.arrival_s,
+                          r.cache_salt, r.parent_id, r.sample_index)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
@@ -268,13 +271,25 @@ class Engine:
             rec.wall_s = time.monotonic() - t0
             self.step_records.append(rec)
             self.num_steps += 1
-            if self._subscribers or self._step_listeners:
-                update = StepUpdate(rec, self.events.drain(), outputs, self._failures)
-                for sub in self._subscribers:
-                    sub._queue.put(update)
-                for fn in list(self._step_listeners):
+            new, self._new = self._new, []
+            if self._subscribers:
+                mgr = self.manager
+                update = StepUpdate(rec, self.events.drain(), outputs, new,
+                                    mgr.new_explanations, mgr.num_computed(), mgr.counters(),
+                                    self._failures)
+                for fn in list(self._subscribers):
                     fn(update)
+            self._retire()
         return outputs
+
+    def _retire(self) -> None:
+        """Forget the oldest finished requests beyond FINISHED_HISTORY: a long-lived engine
+        keeps a bounded memory (a recording keeps everything)."""
+        while len(self._finished) > FINISHED_HISTORY:
+            rid = self._finished.popleft()
+            self.requests.pop(rid, None)
+            self._generators.pop(rid, None)
+            self.manager.explanations.pop(rid, None)
 
     def _fail(self, req: Request, message: str, outputs: list[RequestOutput]) -> None:
         """This request's forward pass or sampling raised: it finishes with the error and gives
@@ -421,7 +436,7 @@ class Engine:
         every prompt block; the partial last block is copied when each first writes to it."""
         children = []
         for k in range(1, parent.pending_forks + 1):
-            rid = next(self._ids)
+            rid, self._next_id = self._next_id, self._next_id + 1
             m = parent.metrics
             child = Request(rid, list(parent.prompt_token_ids), parent.params,
                             RequestMetrics(m.arrival_s, m.first_scheduled_s,
@@ -431,6 +446,7 @@ class Engine:
                             status=Status.RUNNING,
                             num_computed_tokens=parent.num_computed_tokens)
             self.requests[rid] = child
+            self._new.append(self._new_request(child))
             self._generators[rid] = make_generator(parent.params, salt=k)
             if self.config.enable_kv_cache:
                 self.manager.fork(parent.request_id, rid)
@@ -471,13 +487,15 @@ class Engine:
                 report: bool = True) -> None:
         req.status, req.finish_reason, req.error = Status.FINISHED, reason, error
         req.metrics.finished_s = time.monotonic()
+        self._finished.append(req.request_id)
+        self._generators.pop(req.request_id, None)
         if report:
             self._pending.append(self._output(req))
 
     def _output(self, req: Request) -> RequestOutput:
         return RequestOutput(req.request_id, list(req.output_token_ids), req.text, req.finished,
                              req.metrics.cached_tokens, req.metrics, req.finish_reason, req.error,
-                             req.parent_id, req.sample_index)
+                             req.parent_id, req.sample_index, req.prompt_token_ids)
 
 
 def _is_int(x) -> bool:

@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
-from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, Snapshot
+from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 
 MAX_KEYS_CHECKED = 16  # extra-key identities compared when explaining a miss
 
@@ -50,6 +48,7 @@ class KVCacheManager:
         self._registered: dict[int, list[int]] = {}  # this step: request -> blocks it registered
         self.seqs: dict[int, _Seq] = {}
         self.explanations: dict[int, ex.MissExplanation] = {}
+        self.new_explanations: list[ex.MissExplanation] = []  # made in this step
         self._recent_keys: OrderedDict[ExtraKeys, bytes] = OrderedDict()  # keys -> root hash
         self.hit_tokens = self.query_tokens = 0
         self.num_requests_queried = self.num_requests_hit = 0
@@ -82,9 +81,7 @@ class KVCacheManager:
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         if self._admit_cost(hit, num_new_tokens) > self.pool.num_available:
             return None
-        self.pool.take(hit, self.step)
-        for b in hit:
-            self.pool.hits[b] += 1
+        self.pool.take(hit, self.step, hit=True)
         seq = _Seq(list(token_ids), keys, root, hashes, list(hit), num_cached, len(hit))
         self.seqs[request_id] = seq
         if hit:
@@ -94,7 +91,9 @@ class KVCacheManager:
             self.hit_tokens += num_cached
             self.num_requests_queried += 1
             self.num_requests_hit += bool(hit)
-            self.explanations[request_id] = self._explain(request_id, seq, len(hit))
+            why = self._explain(request_id, seq, len(hit))
+            self.explanations[request_id] = why
+            self.new_explanations.append(why)
         self._remember_keys(keys, root)
         self.allocate(request_id, num_new_tokens)
         return num_cached
@@ -184,6 +183,7 @@ class KVCacheManager:
     def begin_step(self, step: int) -> None:
         self.step = step
         self._registered.clear()
+        self.new_explanations = []
 
     def uncache(self, request_id: int) -> list[int]:
         """The forward pass that was to write this request's new KV failed: withdraw the hashes
@@ -233,40 +233,23 @@ class KVCacheManager:
         """Why this request's prompt did not fully hit, as judged when it was admitted."""
         return self.explanations[request_id]
 
+    def counters(self) -> CacheCounters:
+        return CacheCounters(self.hit_tokens, self.query_tokens, self.num_requests_queried,
+                             self.num_requests_hit, self.pool.num_evicted, self.num_cow_copies)
+
+    def num_computed(self) -> dict[int, int]:
+        return {r: s.num_computed for r, s in self.seqs.items()}
+
     def snapshot(self) -> Snapshot:
-        pool, n = self.pool, self.pool.num_blocks
-        ref = np.array(pool.ref_count, dtype=np.int32)
-        hashed = np.fromiter((h is not None for h in pool.block_hash), dtype=bool, count=n)
-        state = np.full(n, FREE, dtype=np.uint8)
-        state[hashed] = CACHED
-        state[ref >= 1] = ACTIVE
-        state[ref >= 2] = SHARED
-        block_hash = np.fromiter((0 if h is None else short_hash(h) for h in pool.block_hash),
-                                 dtype=np.uint64, count=n)
-        parent_hash = np.fromiter((0 if h is None else short_hash(h) for h in pool.parent_hash),
-                                  dtype=np.uint64, count=n)
-        lru_rank = np.full(n, -1, dtype=np.int32)
-        lru_rank[np.fromiter(pool.free_queue, dtype=np.int64, count=len(pool.free_queue))] = \
-            np.arange(len(pool.free_queue), dtype=np.int32)
-        owner = np.full(n, -1, dtype=np.int64)
-        for rid in sorted(self.seqs, reverse=True):  # the lowest id ends up as the owner
-            owner[self.seqs[rid].table] = rid
-        num_active = int((ref >= 1).sum())
-        num_cached = int((hashed & (ref == 0)).sum())
-        return Snapshot(
-            step=self.step, block_size=self.block_size, state=state, ref_count=ref, owner=owner,
-            block_hash=block_hash, last_use=np.array(pool.last_use, dtype=np.int64),
-            lru_rank=lru_rank, parent_hash=parent_hash,
-            hit_count=np.array(pool.hits, dtype=np.int32),
-            block_tables={r: np.array(s.table, dtype=np.int32) for r, s in self.seqs.items()},
-            num_computed_tokens={r: s.num_computed for r, s in self.seqs.items()},
-            num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
-            num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
-            hit_tokens=self.hit_tokens, query_tokens=self.query_tokens,
-            num_requests_queried=self.num_requests_queried,
-            num_requests_hit=self.num_requests_hit, num_evicted_blocks=pool.num_evicted,
-            num_cow_copies=self.num_cow_copies,
-        )
+        return Snapshot.from_pool(self.pool, {r: s.table for r, s in self.seqs.items()},
+                                  self.num_computed(), self.counters(), self.step,
+                                  self.block_size)
+
+    def pool_state(self) -> PoolState:
+        """A cheap copy of the block state, to be turned into a Snapshot elsewhere."""
+        return PoolState(self.step, self.block_size, self.pool.copy(),
+                         {r: s.table[:] for r, s in self.seqs.items()}, self.num_computed(),
+                         self.counters())
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, cache_salt: str | None, adapter: str | None) -> ExtraKeys:

@@ -19,3 +19,4 @@ class RequestOutput:
     error: str | None = None  # why a request was rejected
     parent_id: int | None = None  # parallel sampling: the request this sample was forked from
     sample_index: int = 0
+    prompt_token_ids: list[int] | None = None  # the prompt as the engine saw it (not a copy)

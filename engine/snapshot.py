@@ -27,8 +27,28 @@ class HitRates:
         return self.num_requests_hit / n if n else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class CacheCounters(HitRates):
+    """The cache's running totals since the engine started: one value in every Snapshot, every
+    StepUpdate, the session schema and the recorder."""
+
+    hit_tokens: int = 0  # prompt tokens served from the cache
+    query_tokens: int = 0  # prompt tokens looked up
+    num_requests_queried: int = 0
+    num_requests_hit: int = 0  # requests with at least one block served from the cache
+    num_evicted_blocks: int = 0
+    num_cow_copies: int = 0
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def as_tuple(self) -> tuple[int, ...]:
+        return tuple(getattr(self, n) for n in self.names())
+
+
 @dataclass
-class Snapshot(HitRates):
+class Snapshot:
     step: int
     block_size: int
     state: np.ndarray  # uint8 [num_blocks]: FREE / ACTIVE / SHARED / CACHED
@@ -36,7 +56,8 @@ class Snapshot(HitRates):
     owner: np.ndarray  # int64 [num_blocks]: lowest request id holding the block, -1 if none
     block_hash: np.ndarray  # uint64 [num_blocks]: short hash, 0 if the block has none
     last_use: np.ndarray  # int64 [num_blocks]: step of last allocation/hit/release, -1 never
-    lru_rank: np.ndarray  # int32 [num_blocks]: 0 = next block to be reused; -1 if held
+    lru_rank: np.ndarray  # int32 [num_blocks]: 0 = next block to be reused (in the eviction
+    #                       policy's order); -1 if held
     parent_hash: np.ndarray  # uint64 [num_blocks]: short hash of the chain parent (the root of
     #                          the identity for a first block), 0 if the block has no hash
     hit_count: np.ndarray  # int32 [num_blocks]: prefix hits served since the block was cached
@@ -46,16 +67,54 @@ class Snapshot(HitRates):
     num_active_blocks: int = 0  # ref >= 1 (shared included)
     num_cached_blocks: int = 0  # ref 0, hash kept, evictable
     num_shared_blocks: int = 0  # ref >= 2
-    hit_tokens: int = 0  # prompt tokens served from the cache
-    query_tokens: int = 0  # prompt tokens looked up
-    num_requests_queried: int = 0
-    num_requests_hit: int = 0  # requests with at least one block served from the cache
-    num_evicted_blocks: int = 0
-    num_cow_copies: int = 0
+    counters: CacheCounters = field(default_factory=CacheCounters)
+
+    # The counters' totals, as before they were grouped.
+    hit_tokens = property(lambda self: self.counters.hit_tokens)
+    query_tokens = property(lambda self: self.counters.query_tokens)
+    num_requests_queried = property(lambda self: self.counters.num_requests_queried)
+    num_requests_hit = property(lambda self: self.counters.num_requests_hit)
+    num_evicted_blocks = property(lambda self: self.counters.num_evicted_blocks)
+    num_cow_copies = property(lambda self: self.counters.num_cow_copies)
+    token_hit_rate = property(lambda self: self.counters.token_hit_rate)
+    request_hit_rate = property(lambda self: self.counters.request_hit_rate)
 
     @property
     def num_blocks(self) -> int:
         return len(self.state)
+
+    @classmethod
+    def from_pool(cls, pool, tables: dict[int, list[int]], num_computed_tokens: dict[int, int],
+                  counters: CacheCounters, step: int, block_size: int) -> Snapshot:
+        """The one snapshot builder: from a BlockPool (live, or driven by recorded events in a
+        replay) or a PoolCopy of one, and the requests' block tables."""
+        n = len(pool.ref_count)
+        ref = np.array(pool.ref_count, dtype=np.int32)
+        block_hash = short_hashes(pool.block_hash)
+        hashed = block_hash != 0
+        state = np.full(n, FREE, dtype=np.uint8)
+        state[hashed] = CACHED
+        state[ref >= 1] = ACTIVE
+        state[ref >= 2] = SHARED
+        order = pool.eviction_order()
+        lru_rank = np.full(n, -1, dtype=np.int32)
+        lru_rank[np.fromiter(order, dtype=np.int64, count=len(order))] = \
+            np.arange(len(order), dtype=np.int32)
+        owner = np.full(n, -1, dtype=np.int64)
+        for rid in sorted(tables, reverse=True):  # the lowest id ends up as the owner
+            owner[tables[rid]] = rid
+        num_active = int((ref >= 1).sum())
+        num_cached = int((hashed & (ref == 0)).sum())
+        return cls(
+            step=step, block_size=block_size, state=state, ref_count=ref, owner=owner,
+            block_hash=block_hash, last_use=np.array(pool.last_use, dtype=np.int64),
+            lru_rank=lru_rank, parent_hash=short_hashes(pool.parent_hash),
+            hit_count=np.array(pool.hits, dtype=np.int32),
+            block_tables={r: np.array(t, dtype=np.int32) for r, t in tables.items()},
+            num_computed_tokens=dict(num_computed_tokens),
+            num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
+            num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
+            counters=counters)
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""
@@ -70,3 +129,30 @@ class Snapshot(HitRates):
             elif a != b:
                 return False
         return True
+
+
+_NO_HASH = bytes(8)
+
+
+def short_hashes(hashes) -> np.ndarray:
+    """The short hash (first 8 bytes, little-endian; see block_hash.short_hash) of each block
+    hash, 0 for None: vectorised."""
+    short = b"".join([_NO_HASH if h is None else h[:8] for h in hashes])
+    return np.frombuffer(short, dtype="<u8").astype(np.uint64)
+
+
+@dataclass
+class PoolState:
+    """The block state at the end of a step as plain copies (cheap to take on the engine's
+    thread: C-level list copies); `snapshot()` builds the Snapshot later, anywhere."""
+
+    step: int
+    block_size: int
+    pool: object  # a block_pool.PoolCopy
+    tables: dict[int, list[int]]
+    num_computed_tokens: dict[int, int]
+    counters: CacheCounters
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot.from_pool(self.pool, self.tables, self.num_computed_tokens,
+                                  self.counters, self.step, self.block_size)

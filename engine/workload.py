@@ -281,6 +281,7 @@ class WorkloadRunner:
         self._by_id: dict[str, LineResult] = {}
         self._finished_at: dict[str, float] = {}  # workload id -> when it finished
         self._final: dict[int, RequestOutput] = {}  # request id -> its last (finished) output
+        self._samples: dict[int, list[int]] = {}  # a line's request id -> every sample's id
         self._num_done = 0
         if getattr(engine, "tokenizer", None) is None:
             for r in workload.requests:
@@ -296,7 +297,7 @@ class WorkloadRunner:
         engine = self.engine
         lines = [LineResult(r) for r in self.workload.requests]
         self.result = WorkloadResult(lines, self.clock(), first_step=len(engine.step_records),
-                                     evicted_before=engine.manager.pool.num_evicted)
+                                     evicted_before=engine.counters().num_evicted_blocks)
         self._pending = sorted(lines, key=lambda x: (x.request.arrival_s, x.request.line))
         self._by_id = {x.request.id: x for x in lines if x.request.id is not None}
         self._progress()
@@ -338,12 +339,10 @@ class WorkloadRunner:
             line.skipped = "the run was stopped before it was submitted"
             self._num_done += 1
         self._pending = []
-        reqs = self.engine.requests
         inflight = [line for line in self._by_rid.values() if not line.done]
         for line in inflight:
-            root = line.request_id
-            for rid in [root] + [r for r, q in reqs.items() if q.parent_id == root]:
-                if not reqs[rid].finished:
+            for rid in self._samples[line.request_id]:
+                if rid not in self._final:
                     self.engine.cancel(rid)
         # The cancellations are reported by the next step; other users' requests (on a shared
         # engine) are left to their owner.
@@ -385,10 +384,10 @@ class WorkloadRunner:
     def _submit(self, line: LineResult, prev: LineResult | None, now: float) -> None:
         req, engine = line.request, self.engine
         if prev is not None:
-            first = engine.requests[prev.request_id]
+            first = prev.outputs[0]
             tail = (engine.tokenizer.encode(req.prompt, add_special_tokens=False)
                     if req.prompt is not None else list(req.prompt_ids))
-            prompt = list(first.prompt_token_ids) + list(first.output_token_ids) + tail
+            prompt = list(first.prompt_token_ids) + list(first.token_ids) + tail
         elif req.prompt is not None:
             prompt = req.prefix_text + req.prompt
         elif req.prefix_text:
@@ -398,20 +397,26 @@ class WorkloadRunner:
         line.request_id = engine.add_request(prompt, req.params, req.cache_salt)
         line.submitted_s = now
         self._by_rid[line.request_id] = line
+        self._samples[line.request_id] = [line.request_id]
 
     def _collect(self, outputs: list[RequestOutput]) -> None:
+        """Samples 1..n-1 are forked (and report) in the step in which the prompt is done, so
+        once every sample seen so far has finished, the line is done."""
+        touched = set()
         for out in outputs:
-            if not out.finished:
-                continue
-            self._final[out.request_id] = out
             root = out.request_id if out.parent_id is None else out.parent_id
-            line = self._by_rid.get(root)
-            if line is None or line.done:
+            samples = self._samples.get(root)
+            if samples is None:
                 continue  # not ours (someone else's request on a shared engine)
-            # Samples 1..n-1 are forked when the prompt is done, before any sample can finish.
-            samples = [root] + [r for r, q in self.engine.requests.items() if q.parent_id == root]
-            if all(r in self._final for r in samples):
-                line.outputs = [self._final[r] for r in samples]
+            if out.request_id not in samples:
+                samples.append(out.request_id)
+            if out.finished:
+                self._final[out.request_id] = out
+                touched.add(root)
+        for root in touched:
+            line = self._by_rid[root]
+            if not line.done and all(r in self._final for r in self._samples[root]):
+                line.outputs = [self._final[r] for r in self._samples[root]]
                 self._line_done(line, self.clock())
 
     def _line_done(self, line: LineResult, now: float) -> None:
@@ -476,24 +481,21 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(engine, result: WorkloadResult) -> RunSummary:
-    roots = set(result.request_ids)
-    reqs = [q for rid, q in engine.requests.items()
-            if rid in roots or q.parent_id in roots]
-    firsts = [q for q in reqs if q.parent_id is None]
-    reasons = [q.finish_reason for q in reqs]
-    admitted = [q for q in firsts if q.metrics.first_scheduled_s is not None]
+    reqs = [o.metrics for o in result.outputs]
+    firsts = [o.metrics for o in result.outputs if o.parent_id is None]
+    reasons = [o.finish_reason for o in result.outputs]
+    admitted = [m for m in firsts if m.first_scheduled_s is not None]
     steps = engine.step_records[result.first_step:result.first_step + result.num_steps]
     warm = [s for s in steps if s.warmup]
-    end = max([q.metrics.finished_s for q in reqs if q.metrics.finished_s is not None],
-              default=result.end_s)
+    end = max([m.finished_s for m in reqs if m.finished_s is not None], default=result.end_s)
     window_start = max((s.start_s + s.wall_s for s in warm), default=result.start_s)
     if not warm or window_start >= end:
         window_start, warm = result.start_s, []
 
     def completed_after(t0: float) -> tuple[int, int]:
-        out = sum(1 for q in reqs for t in q.metrics.token_times_s if t > t0)
-        prompt = sum(q.metrics.prompt_tokens for q in firsts
-                     if q.metrics.first_token_s is not None and q.metrics.first_token_s > t0)
+        out = sum(1 for m in reqs for t in m.token_times_s if t > t0)
+        prompt = sum(m.prompt_tokens for m in firsts
+                     if m.first_token_s is not None and m.first_token_s > t0)
         return out, prompt
 
     out_w, prompt_w = completed_after(window_start)
@@ -501,8 +503,8 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         window_start, warm = result.start_s, []
         out_w, prompt_w = completed_after(window_start)
     measured = max(end - window_start, 1e-9)
-    ttft = [q.metrics.ttft_s for q in firsts if q.metrics.ttft_s is not None]
-    tpot = [q.metrics.tpot_s for q in reqs if q.metrics.tpot_s is not None]
+    ttft = [m.ttft_s for m in firsts if m.ttft_s is not None]
+    tpot = [m.tpot_s for m in reqs if m.tpot_s is not None]
     return RunSummary(
         num_lines=len(result.lines), num_requests=len(reqs),
         num_finished=sum(r in NORMAL_FINISHES for r in reasons),
@@ -511,16 +513,16 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         duration_s=result.end_s - result.start_s,
         ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
         tpot_p50_s=percentile(tpot, 50), tpot_p99_s=percentile(tpot, 99),
-        prompt_tokens=sum(q.metrics.prompt_tokens for q in firsts),
-        output_tokens=sum(q.metrics.output_tokens for q in reqs),
+        prompt_tokens=sum(m.prompt_tokens for m in firsts),
+        output_tokens=sum(m.output_tokens for m in reqs),
         measured_s=measured, output_tokens_per_s=out_w / measured,
         total_tokens_per_s=(out_w + prompt_w) / measured,
         num_warmup_steps=len(warm), warmup_s=sum(s.wall_s for s in warm),
-        hit_tokens=sum(q.metrics.cached_tokens for q in admitted),
-        query_tokens=sum(q.metrics.prompt_tokens for q in admitted),
+        hit_tokens=sum(m.cached_tokens for m in admitted),
+        query_tokens=sum(m.prompt_tokens for m in admitted),
         num_requests_queried=len(admitted),
-        num_requests_hit=sum(q.metrics.cached_tokens > 0 for q in admitted),
-        num_evictions=engine.manager.pool.num_evicted - result.evicted_before,
+        num_requests_hit=sum(m.cached_tokens > 0 for m in admitted),
+        num_evictions=engine.counters().num_evicted_blocks - result.evicted_before,
         num_preemptions=sum(s.num_preempted for s in steps),
         num_steps=len(steps),
     )

@@ -207,6 +207,7 @@ class SessionReader:
             complete=bool(row["complete"]), closed_at=row["closed_at"],
             recorder_stats=json.loads(row["recorder_stats"]) if row["recorder_stats"] else None)
         conn.row_factory = None
+        self._policy = str(self.meta.engine_config.get("eviction_policy", "lru"))
         index = conn.execute("SELECT step, captured FROM steps ORDER BY step").fetchall()
         self._steps = [r[0] for r in index]
         self._captured = {r[0] for r in index if r[1]}
@@ -325,9 +326,9 @@ class SessionReader:
         else:
             kf = self._keyframe(base)
             if base == step:
-                self._cursor = PoolReplay(kf)
+                self._cursor = PoolReplay(kf, self._policy)
                 return kf
-            cur = self._cursor = PoolReplay(kf)
+            cur = self._cursor = PoolReplay(kf, self._policy)
         try:
             self._advance(cur, step)
         except BaseException:
@@ -398,7 +399,7 @@ class SessionReader:
         problems found (empty: the events reproduce every keyframe exactly)."""
         problems = []
         for a, b in zip(self.keyframe_steps, self.keyframe_steps[1:], strict=False):
-            cur = PoolReplay(self._keyframe(a))
+            cur = PoolReplay(self._keyframe(a), self._policy)
             try:
                 self._advance(cur, b)
                 if not cur.snapshot().equals(self._keyframe(b)):

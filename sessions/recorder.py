@@ -14,15 +14,14 @@ may be polled from anywhere.
 
 How the data gets out of the engine thread cheaply:
 
-- ``start()`` subscribes to the engine (one queue put per step) and wraps this engine
-  instance's ``step`` (engine.generate, a WorkloadRunner, the GUI worker all go through it).
-  Right after each step, on the engine thread, `_after_step` takes the step's update and what
-  events do not carry: each live request's computed-token count and six running totals of the
-  cache manager; events become plain tuples (so the Event objects die young: kept until the
-  next batch they would trigger the garbage collector's full collections); every
-  ``keyframe_every`` steps it takes a *raw* copy of the pool (plain list copies, ~0.5 ms for 16k
-  blocks, against ~10 ms for ``engine.snapshot()``). One item goes on an unbounded queue: about
-  60 us per step in all.
+- ``start()`` subscribes to the engine's step stream (see kvscope.engine.stream). Right after
+  each step, on the engine thread, `_on_update` takes the step's StepUpdate (records, events,
+  new requests, finished outputs, computed-token counts, counters); events become plain tuples
+  (so the Event objects die young: kept until the next batch they would trigger the garbage
+  collector's full collections); every ``keyframe_every`` steps it takes ``engine.pool_state()``
+  (plain list copies, ~0.5 ms for 16k blocks, against ~10 ms for ``engine.snapshot()``). One
+  item goes on an unbounded queue: about 60 us per step in all. The recorder reads nothing of
+  the engine but the stream and its public methods.
 - The writer thread wakes every ``flush_interval_s`` (never per step: each wake-up would cost
   the engine a GIL hand-off), turns raw copies into keyframe Snapshots (computed exactly as
   ``KVCacheManager.snapshot`` computes them), packs each step's events into one row, and writes
@@ -50,7 +49,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import hmac
-import itertools
 import json
 import logging
 import os
@@ -63,20 +61,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import sqlite_utils
 
 from kvscope.engine import events as ev
-from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.snapshot import CacheCounters, PoolState
 from kvscope.sessions import schema
-from kvscope.sessions.replay import build_snapshot
-from kvscope.sessions.schema import TOTALS
 
 log = logging.getLogger("kvscope.sessions")
 
-_TERMINAL = frozenset((ev.FINISHED, ev.CANCELLED, ev.REJECTED))
+_NUM_TOTALS = len(CacheCounters.names())
 
 @dataclass
 class RecorderStatus:
@@ -118,7 +112,7 @@ class _Capture:
     nct: dict[int, int]
     totals: tuple[int, ...]
     new_requests: list[_RequestInfo]
-    raw: SimpleNamespace | None  # a raw pool copy for a keyframe
+    raw: PoolState | None  # a copy of the pool for a keyframe
 
 
 class Recorder:
@@ -144,9 +138,7 @@ class Recorder:
         self._started = self._closed = False
         self._salt_key = secrets.token_bytes(32)  # never stored: digests only group salts
         # engine-thread state
-        self._next_rid = 0
-        self._num_seen = 0
-        self._reported: set[int] = set()  # requests whose final row is written
+        self._live: dict[int, list] = {}  # unfinished request -> [status, its last output]
         self._steps_since_kf = 0
         self._events_since_kf = 0
         self._force_kf = True
@@ -200,7 +192,9 @@ class Recorder:
         self._conn = conn
         self._step_cols = ["step", *[c for c in schema.step_record_columns() if c != "step"]]
         self._started = True
-        self._pending_requests = self._new_requests()  # queued before the recording started
+        # queued before the recording started
+        self._pending_requests = [self._request_info(r)
+                                  for r in self.engine.unfinished_requests()]
         self._thread = threading.Thread(target=self._writer, name="kvscope-recorder",
                                         daemon=True)
         self._thread.start()
@@ -214,7 +208,13 @@ class Recorder:
             return self.status()
         self._closed = True
         self._unhook()
-        leftover = self._pending_requests + self._new_requests()  # added after the last step
+        # Queued before the recording started with no step since, or after the last step.
+        known = set(self._live) | {i.request_id for i in self._pending_requests}
+        leftover = self._pending_requests + [self._request_info(r)
+                                             for r in self.engine.unfinished_requests()
+                                             if r.request_id not in known]
+        for info in leftover:
+            self._live[info.request_id] = ["waiting", None]
         self._wake.set()
         self._thread.join()
         if self._error is None:
@@ -237,59 +237,59 @@ class Recorder:
 
     # ------------------------------------------------------------ engine hook
     def _hook(self) -> None:
-        self.engine.add_step_listener(self._on_update)
+        self.engine.subscribe(self._on_update)
 
     def _on_update(self, update) -> None:
-        """A step listener: called on the engine thread at the end of each step (failed steps
-        included: the engine publishes them too)."""
-        if not self._closed:
-            self._after_step([update])
-
-    def _unhook(self) -> None:
-        self.engine.remove_step_listener(self._on_update)
-
-    # --------------------------------------------------- engine thread: capture
-    def _after_step(self, updates: list) -> None:
-        if self._error is not None or not updates:
+        """Subscribed to the step stream: called on the engine thread at the end of each step
+        (failed steps included)."""
+        if self._closed or self._error is not None:
             return
         try:
-            self._capture(updates)
+            self._capture(update)
         except Exception as e:  # noqa: BLE001 - the engine must never fail because of us
             self._fail(e)
 
-    def _capture(self, updates: list) -> None:
-        engine = self.engine
-        mgr = engine.manager
-        new, self._pending_requests = self._pending_requests + self._new_requests(), []
-        nct = {r: s.num_computed for r, s in mgr.seqs.items()}
-        totals = (mgr.hit_tokens, mgr.query_tokens, mgr.num_requests_queried,
-                  mgr.num_requests_hit, mgr.pool.num_evicted, mgr.num_cow_copies)
+    def _unhook(self) -> None:
+        self.engine.unsubscribe(self._on_update)
+
+    # --------------------------------------------------- engine thread: capture
+    def _capture(self, u) -> None:
+        new = self._pending_requests + [self._request_info(r) for r in u.new_requests]
+        self._pending_requests = []
+        live = self._live
+        for info in new:
+            live[info.request_id] = ["waiting" if info.parent_id is None else "running", None]
         # Turn events into plain tuples here, so the step's Event objects die now: held until
         # the writer's next batch they outlive two garbage-collector generations and trigger
         # full collections (measured with the tiny test model: ~0.1 s every few seconds).
-        steps, finished, num_events = [], [], 0
-        reqs = engine.requests
-        for u in updates:
-            tuples = schema.event_tuples(u.events)
-            steps.append((u.record, tuples))
-            num_events += len(tuples)
-            for t in tuples:  # a terminal event: the request is finished by now
-                if t[0] in _TERMINAL and t[2] not in self._reported:
-                    finished.append(self._final_row(reqs[t[2]]))
-        wall = updates[-1].record.wall_s
+        tuples = schema.event_tuples(u.events)
+        for e in u.events:
+            if e.kind == ev.ADMITTED and e.request_id in live:
+                live[e.request_id][0] = "running"
+            elif e.kind == ev.PREEMPTED and e.request_id in live:
+                live[e.request_id][0] = "waiting"
+        finished = []
+        for out in u.outputs:
+            if out.finished:
+                if live.pop(out.request_id, None) is not None:
+                    finished.append(self._state_row(out, "finished"))
+            elif out.request_id in live:
+                live[out.request_id][1] = out
+        wall = u.record.wall_s
         self._step_s_ema = wall if not self._step_s_ema else 0.9 * self._step_s_ema + 0.1 * wall
-        self._steps_since_kf += len(updates)
-        self._events_since_kf += num_events
+        self._steps_since_kf += 1
+        self._events_since_kf += len(tuples)
         raw = None
-        if self._force_kf or len(updates) > 1 or self._keyframe_due():
+        if self._force_kf or self._keyframe_due():
             t = time.perf_counter()
-            raw = _raw_pool(mgr)
+            raw = self.engine.pool_state()
             self._kf_copy_s = time.perf_counter() - t
             self._steps_since_kf = self._events_since_kf = 0
             self._force_kf = False
-        self._queue.put(_Capture(steps, finished, nct, totals, new, raw))
-        self._captured += len(updates)
-        self._events_captured += num_events
+        self._queue.put(_Capture([(u.record, tuples)], finished, u.num_computed_tokens,
+                                 u.counters.as_tuple(), new, raw))
+        self._captured += 1
+        self._events_captured += len(tuples)
         backlog = self._captured - self._written
         self._max_backlog = max(self._max_backlog, backlog)
         if backlog > self.lag_steps and not self._lagging:
@@ -305,28 +305,12 @@ class Recorder:
         budget = self.keyframe_budget * self._step_s_ema * self._steps_since_kf
         return self._kf_copy_s + self._kf_build_s <= budget
 
-    def _new_requests(self) -> list[_RequestInfo]:
-        reqs = self.engine.requests
-        buf = []
-        while self._num_seen < len(reqs):
-            r = reqs.get(self._next_rid)
-            if r is None:  # ids are not consecutive: fall back to insertion order
-                for r in itertools.islice(reqs.values(), self._num_seen, None):
-                    buf.append(self._request_info(r))
-                    self._next_rid = max(self._next_rid, r.request_id + 1)
-                self._num_seen = len(reqs)
-                break
-            buf.append(self._request_info(r))
-            self._num_seen += 1
-            self._next_rid += 1
-        return buf
-
     def _request_info(self, r) -> _RequestInfo:
         p = r.params
         params = dict(max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                       top_p=p.top_p, n=p.n, ignore_eos=p.ignore_eos, seed=p.seed,
                       num_stop=len(p.stop))
-        return _RequestInfo(r.request_id, r.parent_id, r.sample_index, r.metrics.arrival_s,
+        return _RequestInfo(r.request_id, r.parent_id, r.sample_index, r.arrival_s,
                             len(r.prompt_token_ids), r.cache_salt, params,
                             list(r.prompt_token_ids) if self.record_text else None)
 
@@ -392,12 +376,12 @@ class Recorder:
                     row += list(cap.totals)
                     row.append(schema.encode_nct(cap.nct))
                 else:
-                    row += [None] * (len(TOTALS) + 1)
+                    row += [None] * (_NUM_TOTALS + 1)
                 row += [n, int(i == last)]
                 step_rows.append(row)
             if cap.raw is not None:
                 t = time.thread_time()
-                kf_rows.append(schema.encode_keyframe(_snapshot_from_raw(cap.raw)))
+                kf_rows.append(schema.encode_keyframe(cap.raw.snapshot()))
                 self._kf_build_s = time.thread_time() - t
         conn = self._conn
         conn.execute("BEGIN")
@@ -409,7 +393,8 @@ class Recorder:
         if fin_rows:  # every row has the same keys
             _insert_rows(conn, "requests", list(fin_rows[0]), fin_rows, upsert="request_id")
         if step_rows:
-            cols = self._step_cols + list(TOTALS.values()) + ["nct", "num_events", "captured"]
+            cols = self._step_cols + list(schema.TOTALS.values()) + ["nct", "num_events",
+                                                                    "captured"]
             _insert_rows(conn, "steps", cols, step_rows)
         if event_rows:
             _insert_rows(conn, "events", schema.EVENT_COLUMNS, event_rows)
@@ -439,18 +424,14 @@ class Recorder:
                     status="waiting" if info.parent_id is None else "running",
                     prompt_text=text)
 
-    def _final_row(self, r) -> dict:
-        """On the engine thread: the state of a request that has finished."""
-        self._reported.add(r.request_id)
-        return self._state_row(r)
-
-    def _state_row(self, r) -> dict:
-        row = _metrics_row(r.metrics)
-        row.update(request_id=r.request_id, status=r.status.value, finish_reason=r.finish_reason,
-                   error=r.error, cached_tokens=r.metrics.cached_tokens,
-                   output_tokens=len(r.output_token_ids))
+    def _state_row(self, out, status: str) -> dict:
+        """A request's state from its latest RequestOutput."""
+        row = _metrics_row(out.metrics)
+        row.update(request_id=out.request_id, status=status, finish_reason=out.finish_reason,
+                   error=out.error, cached_tokens=out.num_cached_tokens,
+                   output_tokens=len(out.token_ids))
         if self.record_text:
-            row["output_text"] = r.text
+            row["output_text"] = out.text
         return row
 
     # ------------------------------------------------------------- finalise
@@ -460,10 +441,17 @@ class Recorder:
         if leftover:
             rows = [self._request_row(i) for i in leftover]
             _insert_rows(conn, "requests", list(rows[0]), rows)
-        rows = [self._state_row(r) for r in self.engine.requests.values()
-                if r.request_id not in self._reported]
-        if rows:  # still running, or finished after the last step (e.g. cancelled)
-            _insert_rows(conn, "requests", list(rows[0]), rows, upsert="request_id")
+        # Still running or waiting, or finished after the last step (e.g. cancelled).
+        rows = []
+        for rid, (status, out) in self._live.items():
+            out = self.engine.request_output(rid) or out
+            if out is None:
+                rows.append(dict(request_id=rid, status=status))
+            else:
+                rows.append(self._state_row(out, "finished" if out.finished else status))
+        for cols in {tuple(r) for r in rows}:
+            same = [r for r in rows if tuple(r) == cols]
+            _insert_rows(conn, "requests", list(cols), same, upsert="request_id")
         stats = dataclasses.asdict(self.status())
         stats.pop("path")
         conn.execute("UPDATE session SET closed_at = ?, complete = 1, num_steps = ?, "
@@ -482,52 +470,16 @@ class Recorder:
         loaded = getattr(engine, "loaded", None)
         cfg = getattr(engine, "config", None)
         config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-        mgr = engine.manager
         return dict(id=1, schema_version=schema.SCHEMA_VERSION, kvscope_version=_version(),
                     created_by="kvscope.sessions.Recorder",
                     model_name=getattr(loaded, "name", None),
                     model_fingerprint=getattr(loaded, "fingerprint", None),
                     engine_config=json.dumps(config, default=str),
-                    block_size=mgr.block_size, num_blocks=mgr.pool.num_blocks,
+                    block_size=cfg.block_size, num_blocks=engine.num_blocks,
                     machine=json.dumps(_machine()), device=_device(engine),
                     started_at=_now_iso(), started_unix=time.time(), monotonic_t0=self._t0,
                     record_text=int(self.record_text), keyframe_every=self.keyframe_every,
                     complete=0, num_steps=0, num_events=0)
-
-
-def _raw_pool(mgr) -> SimpleNamespace:
-    """Plain copies of the pool and the block tables: cheap on the engine thread (C-level list
-    copies; ~1 ms for 16k blocks, against ~10 ms for KVCacheManager.snapshot)."""
-    pool = mgr.pool
-    return SimpleNamespace(
-        step=mgr.step, block_size=mgr.block_size, ref_count=pool.ref_count[:],
-        block_hash=pool.block_hash[:], last_use=pool.last_use[:],
-        parent_hash=pool.parent_hash[:], hits=pool.hits[:],
-        free_queue=list(pool.free_queue),
-        tables={r: s.table[:] for r, s in mgr.seqs.items()},
-        nct={r: s.num_computed for r, s in mgr.seqs.items()},
-        totals=dict(hit_tokens=mgr.hit_tokens, query_tokens=mgr.query_tokens,
-                    num_requests_queried=mgr.num_requests_queried,
-                    num_requests_hit=mgr.num_requests_hit, num_evicted_blocks=pool.num_evicted,
-                    num_cow_copies=mgr.num_cow_copies))
-
-
-_NO_HASH = bytes(8)
-
-
-def _snapshot_from_raw(raw: SimpleNamespace) -> Snapshot:
-    """On the writer thread: the Snapshot the manager would have produced from this state."""
-    return build_snapshot(raw.step, raw.block_size, np.array(raw.ref_count, dtype=np.int32),
-                          _short_hashes(raw.block_hash),
-                          np.array(raw.last_use, dtype=np.int64), raw.free_queue, raw.tables,
-                          raw.nct, raw.totals, _short_hashes(raw.parent_hash),
-                          np.array(raw.hits, dtype=np.int32))
-
-
-def _short_hashes(hashes: list) -> np.ndarray:
-    """short_hash of each (0 for None), vectorised."""
-    short = b"".join([_NO_HASH if h is None else h[:8] for h in hashes])
-    return np.frombuffer(short, dtype="<u8").astype(np.uint64)
 
 
 def _metrics_row(m) -> dict:

@@ -38,21 +38,14 @@ from itertools import accumulate, chain
 import numpy as np
 
 from kvscope.engine.metrics import StepRecord
-from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.snapshot import CacheCounters, Snapshot
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x6B767363  # "kvsc"
 SUFFIX = ".kvscope"
 
-# The cache manager's running totals, stored per step (Snapshot field -> steps column).
-TOTALS = {
-    "hit_tokens": "total_hit_tokens",
-    "query_tokens": "total_query_tokens",
-    "num_requests_queried": "total_requests_queried",
-    "num_requests_hit": "total_requests_hit",
-    "num_evicted_blocks": "total_evicted_blocks",
-    "num_cow_copies": "total_cow_copies",
-}
+# The cache's running totals (CacheCounters), stored per step: field -> steps column.
+TOTALS = {name: "total_" + name.removeprefix("num_") for name in CacheCounters.names()}
 
 KEYFRAME_ARRAYS = ("state", "ref_count", "owner", "block_hash", "last_use", "lru_rank",
                    "parent_hash", "hit_count")
@@ -187,7 +180,8 @@ def decode_nct(blob: bytes) -> dict[int, int]:
 
 # ------------------------------------------------------------------- keyframes
 def _scalar_fields() -> list[str]:
-    skip = {"step", "block_size", "block_tables", "num_computed_tokens", *KEYFRAME_ARRAYS}
+    skip = {"step", "block_size", "block_tables", "num_computed_tokens", "counters",
+            *KEYFRAME_ARRAYS}
     return [f.name for f in fields(Snapshot) if f.name not in skip]
 
 
@@ -206,7 +200,9 @@ def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     row["table_blocks"] = zlib.compress(
         (np.concatenate(tables) if tables else np.zeros(0, "<i4")).tobytes(), level)
     row["nct"] = encode_nct(snap.num_computed_tokens)
-    row["counters"] = json.dumps({k: getattr(snap, k) for k in _scalar_fields()})
+    counters = {k: getattr(snap, k) for k in _scalar_fields()}
+    counters.update(zip(CacheCounters.names(), snap.counters.as_tuple(), strict=True))
+    row["counters"] = json.dumps(counters)
     row["layout"] = json.dumps(layout)
     return row
 
@@ -228,7 +224,8 @@ def decode_keyframe(row: dict) -> Snapshot:
     tables = {int(r): blocks[e - n:e].astype(np.int32) for r, n, e in zip(ids, lens, ends,
                                                                            strict=True)}
     nct = decode_nct(row["nct"])
-    known = set(_scalar_fields())
-    counters = {k: v for k, v in json.loads(row["counters"]).items() if k in known}
+    stored = json.loads(row["counters"])
+    scalars = {k: stored[k] for k in _scalar_fields() if k in stored}
+    counters = CacheCounters(**{k: stored[k] for k in CacheCounters.names() if k in stored})
     return Snapshot(step=row["step"], block_size=layout["block_size"], block_tables=tables,
-                    num_computed_tokens=nct, **arrays, **counters)
+                    num_computed_tokens=nct, counters=counters, **arrays, **scalars)

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("PySide6", "pyqtgraph", "kvscope.app", "shiboken6")
 TORCH_FREE = ["engine/__init__.py", "engine/block_hash.py", "engine/block_pool.py",
               "engine/events.py", "engine/explain.py", "engine/kv_cache_manager.py",
-              "engine/snapshot.py"]
+              "engine/snapshot.py", "engine/stream.py"]
+INTERNALS = ("manager", "scheduler", "requests")  # the engine's: only engine/ may reach them
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -58,3 +59,34 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
     sample = tmp_path / "m.py"
     sample.write_text("def f():\n    from PySide6.QtCore import QObject\n    import torch\n")
     assert {"PySide6.QtCore", "torch"} <= imported_modules(sample)
+
+
+def engine_internals_used(path: Path, root: Path = ROOT) -> list[str]:
+    """`engine.manager`, `self.engine.requests`, ...: attribute chains into an engine's
+    internals."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in INTERNALS:
+            base = node.value
+            name = base.id if isinstance(base, ast.Name) else \
+                base.attr if isinstance(base, ast.Attribute) else ""
+            if name == "engine" or name.endswith("_engine"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} .{node.attr}")
+    return found
+
+
+def test_consumers_use_the_step_stream_and_the_public_api_only():
+    """Outside the engine's own modules, nothing reaches into engine.manager, .scheduler or
+    .requests: the recorder, the engine process, workloads, benchmarks and scripts consume the
+    step stream and the public API."""
+    own = {"engine.py", "scheduler.py", "kv_cache_manager.py"}
+    paths = [p for folder in ("app", "sessions", "benchmarks", "scripts", "engine")
+             for p in files(folder) if not (folder == "engine" and p.name in own)]
+    offenders = [hit for p in paths for hit in engine_internals_used(p)]
+    assert not offenders, offenders
+
+
+def test_the_internals_check_sees_a_chain(tmp_path):
+    sample = tmp_path / "m.py"
+    sample.write_text("x = self.engine.manager.pool\ny = engine.requests[3]\nz = w.requests\n")
+    assert engine_internals_used(sample, tmp_path) == ["m.py:1 .manager", "m.py:2 .requests"]

@@ -11,6 +11,7 @@ import torch
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine import events as ev
 from kvscope.engine.loader import load_model
+from kvscope.engine.stream import StepQueue
 
 BS = 4
 GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
@@ -162,7 +163,8 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny_llama):
 
 def test_step_records_and_subscribers(tiny_llama):
     engine = make(tiny_llama, warmup_steps=1)
-    sub = engine.subscribe()
+    sub = StepQueue()
+    engine.subscribe(sub)
     engine.generate([prompt(20, seed=70)], SamplingParams(max_tokens=3, ignore_eos=True))
     recs = engine.step_records
     assert recs[0].warmup and not recs[1].warmup

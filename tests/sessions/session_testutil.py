@@ -74,7 +74,7 @@ def drive(engine, on_step=None, max_steps: int = 160, seed: int = 0,
             engine.add_request(prefixes[0] + prompt(12, steps) + [POISON],
                                SamplingParams(max_tokens=3))
         if steps in (40, 90) or (forever and steps % 50 == 49):
-            engine.manager.reset_prefix_cache()
+            engine.reset_prefix_cache()
         if not engine.has_unfinished():
             if steps >= max_steps and not forever:
                 break

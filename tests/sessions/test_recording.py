@@ -14,6 +14,7 @@ from session_testutil import drive, make_engine, prompt, snapshot_digest
 
 from kvscope.engine import SamplingParams
 from kvscope.engine import events as ev
+from kvscope.engine.stream import StepQueue
 from kvscope.sessions import Recorder, SessionReader
 from kvscope.sessions.recorder import Recorder as _Recorder
 
@@ -22,7 +23,8 @@ def record(tmp_path, model_dir, name="run.kvscope", **rec_kw):
     engine = make_engine(model_dir)
     live = []
     path = tmp_path / name
-    tap = engine.subscribe()  # every event the engine published, to compare
+    tap = StepQueue()
+    engine.subscribe(tap)  # every event the engine published, to compare
     with Recorder(path, engine, **rec_kw) as rec:
         drive(engine, on_step=lambda e: live.append(e.snapshot()))
     engine.published = [(u.record.step, e) for u in tap.drain() for e in u.events]
@@ -140,14 +142,14 @@ def test_hook_covers_generate_and_close_unhooks(tmp_path, tiny_model_dir):
     engine = make_engine(tiny_model_dir, num_blocks=64)
     path = tmp_path / "gen.kvscope"
     rec = Recorder(path, engine).start()
-    assert engine._step_listeners == [rec._on_update]
+    assert engine._subscribers == [rec._on_update]
     engine.generate([[5, 6, 7, 8, 9, 10]] * 3, SamplingParams(max_tokens=5, ignore_eos=True))
     doomed = engine.add_request([9] * 10, SamplingParams(max_tokens=8))
     engine.step()
     engine.cancel(doomed)  # after the last recorded step
     late = engine.add_request([7] * 5, SamplingParams(max_tokens=2))  # never stepped
     rec.close()
-    assert engine._step_listeners == []
+    assert engine._subscribers == []
     engine.step()  # no longer recorded, and nothing breaks
     assert rec.status().steps_written == engine.num_steps - 1
     assert rec.close().steps_written == engine.num_steps - 1  # idempotent
