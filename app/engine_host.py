@@ -106,6 +106,8 @@ class RequestTable:
     def apply(self, update) -> None:
         rows = self.rows
         for r in update.new_requests:
+            if r.request_id in rows:  # already shown: submitted between steps
+                continue
             rows[r.request_id] = RequestRow(
                 r.request_id, "waiting" if r.parent_id is None else "decode",
                 len(r.prompt_token_ids), 0, 0, None, None, r.cache_salt, r.parent_id, "")
@@ -120,21 +122,28 @@ class RequestTable:
             elif e.kind == ev.PREEMPTED:
                 row.state = "waiting"
         for o in update.outputs:
-            row = rows.get(o.request_id)
-            if row is None:
-                continue
-            m = o.metrics
-            row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens,
-                                                              len(o.token_ids), o.text)
-            row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
-            if o.finished and not row.state.startswith("finished"):
-                row.state = f"finished: {o.finish_reason}"
-                self._finished.append(o.request_id)
+            self.set_output(o)
         if len(self._finished) > self.history:
             drop, self._finished = (self._finished[:-self.history],
                                     self._finished[-self.history:])
             for rid in drop:
                 rows.pop(rid, None)
+
+    def set_output(self, o) -> None:
+        """A request's state from its RequestOutput (after a step, or a submit or cancel
+        between steps)."""
+        row = self.rows.get(o.request_id)
+        if row is None:
+            row = self.rows[o.request_id] = RequestRow(
+                o.request_id, "waiting", len(o.prompt_token_ids or ()), 0, 0, None, None,
+                o.cache_salt, o.parent_id, "")
+        m = o.metrics
+        row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens, len(o.token_ids),
+                                                          o.text)
+        row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
+        if o.finished and not row.state.startswith("finished"):
+            row.state = f"finished: {o.finish_reason}"
+            self._finished.append(o.request_id)
 
 
 def engine_threads() -> int:
@@ -250,6 +259,7 @@ class EngineHost:
             self._publish(force=True)
         elif kind == "cancel":
             if self.engine.cancel(*args):
+                self.table.set_output(self.engine.request_output(*args))
                 self._publish(force=True)
         elif kind == "reset_prefix_cache":
             self.engine.reset_prefix_cache()
@@ -291,10 +301,11 @@ class EngineHost:
 
     def _submit(self, prompt, params, cache_salt) -> None:
         try:
-            self.engine.add_request(prompt, params, cache_salt)
+            rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
             self._send("rejected", _one_line(e))
             return
+        self.table.set_output(self.engine.request_output(rid))
         self._publish(force=True)
 
     def _run_workload(self, workload) -> None:

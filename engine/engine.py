@@ -495,7 +495,8 @@ class Engine:
     def _output(self, req: Request) -> RequestOutput:
         return RequestOutput(req.request_id, list(req.output_token_ids), req.text, req.finished,
                              req.metrics.cached_tokens, req.metrics, req.finish_reason, req.error,
-                             req.parent_id, req.sample_index, req.prompt_token_ids)
+                             req.parent_id, req.sample_index, req.prompt_token_ids,
+                             req.cache_salt)
 
 
 def _is_int(x) -> bool:

@@ -1,47 +1,126 @@
-"""Events: small records of everything the cache manager and scheduler do. Torch-free."""
+"""Events: small typed records of everything the cache manager and scheduler do. Torch-free.
+
+One `Event` type, one `EventKind` per kind; each kind's fields have names (`Event.src_block`,
+`Event.block_hashes`, ...), so no consumer reads meaning from a position. The record itself is
+flat (kind, step, request, blocks, hashes, detail) because it is what the step stream carries
+and what a session stores, packed, by the million.
+
+Where a kind matches a vLLM KV-cache event (vllm/distributed/kv_events.py) its docstring says
+so; the fields keep the same meaning, so an external event stream maps onto ours.
+"""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass
 
-# Block events (the cache manager).
-ALLOCATED = "allocated"  # fresh blocks taken from the pool for a request
-CACHE_HIT = "cache_hit"  # cached blocks reused by a request at admission
-CACHED = "cached"  # full blocks whose hash was registered: reusable from now on
-#                    (hashes: the blocks' short hashes, then their chain parents' short hashes)
-EVICTED = "evicted"  # cached blocks whose hash was dropped to reuse the block
-FREED = "freed"  # a request released its blocks (tail first)
-COW = "cow"  # copy-on-write: blocks = (source, copy)
-FORKED = "forked"  # a request was forked: blocks = the blocks now shared with the parent
-RESET = "reset"  # reset_prefix_cache(): blocks = the blocks whose hash was dropped
-UNCACHED = "uncached"  # hashes withdrawn: the forward pass that was to write their KV failed
+
+class EventKind(str, enum.Enum):
+    # Block events (the cache manager).
+    ALLOCATED = "allocated"
+    """Fresh blocks taken from the pool for a request (`blocks`, in table order)."""
+    CACHE_HIT = "cache_hit"
+    """Cached blocks reused by a request at admission (`blocks`: its table's first blocks)."""
+    CACHED = "cached"
+    """Full blocks registered under their chain hash: reusable from now on. vLLM's
+    BlockStored: `block_hashes` (one per block), `parent_hashes` (each block's chain parent;
+    the first block's is the identity root: model, adapter, salt)."""
+    EVICTED = "evicted"
+    """Cached blocks whose hash was dropped to reuse the block. vLLM's BlockRemoved."""
+    FREED = "freed"
+    """A request released its blocks (`blocks`, tail first)."""
+    COW = "cow"
+    """Copy-on-write: `src_block` copied into `dst_block` before a write."""
+    FORKED = "forked"
+    """A request was forked: `blocks` are now shared with its parent."""
+    RESET = "reset"
+    """reset_prefix_cache(): `blocks` lost their hash. vLLM's AllBlocksCleared."""
+    UNCACHED = "uncached"
+    """Hashes withdrawn because the forward pass that was to write their KV failed (`blocks`).
+    vLLM's BlockRemoved."""
+    # Request events (the scheduler and the engine).
+    ARRIVED = "arrived"
+    """add_request accepted it into the waiting queue (detail: its tokens)."""
+    ADMITTED = "admitted"
+    """Moved from waiting to running, first time or after a preemption (detail: cached and
+    computed tokens)."""
+    PREFILL = "prefill"
+    """A prompt chunk computed (detail: tokens)."""
+    DECODE = "decode"
+    """One decode token computed."""
+    PREEMPTED = "preempted"
+    """Gave its blocks back, to be recomputed later."""
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    """Can never run (detail: why)."""
+    FINISHED = "finished"
+    """detail: the finish reason ("error: ..." for a failed forward pass)."""
+
+    __str__ = str.__str__
+
+
+# The kinds as module names (ev.CACHED, ...), as before the enum.
+ALLOCATED = EventKind.ALLOCATED
+CACHE_HIT = EventKind.CACHE_HIT
+CACHED = EventKind.CACHED
+EVICTED = EventKind.EVICTED
+FREED = EventKind.FREED
+COW = EventKind.COW
+FORKED = EventKind.FORKED
+RESET = EventKind.RESET
+UNCACHED = EventKind.UNCACHED
+ARRIVED = EventKind.ARRIVED
+ADMITTED = EventKind.ADMITTED
+PREFILL = EventKind.PREFILL
+DECODE = EventKind.DECODE
+PREEMPTED = EventKind.PREEMPTED
+CANCELLED = EventKind.CANCELLED
+REJECTED = EventKind.REJECTED
+FINISHED = EventKind.FINISHED
 
 BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET, UNCACHED)
-
-# Request events (the scheduler and the engine).
-ARRIVED = "arrived"  # add_request accepted it into the waiting queue
-ADMITTED = "admitted"  # moved from waiting to running (detail: cached / to compute)
-PREFILL = "prefill"  # a prompt chunk computed (detail: tokens)
-DECODE = "decode"  # one decode token computed
-PREEMPTED = "preempted"  # gave its blocks back, to be recomputed later
-CANCELLED = "cancelled"
-REJECTED = "rejected"  # can never fit the pool (detail: why)
-FINISHED = "finished"  # detail: the finish reason
-
 REQUEST_EVENTS = (ARRIVED, ADMITTED, PREFILL, DECODE, PREEMPTED, CANCELLED, REJECTED, FINISHED)
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    kind: str
+    kind: EventKind
     step: int
     request_id: int | None
     blocks: tuple[int, ...] = ()
     time_ns: int = 0  # time.monotonic_ns() when it happened
-    hashes: tuple[int, ...] = ()  # short block hashes, for CACHED events
+    hashes: tuple[int, ...] = ()  # CACHED: the blocks' short hashes, then their parents'
     detail: str = ""
+
+    def _only(self, kind: EventKind) -> None:
+        if self.kind != kind:
+            raise ValueError(f"a {self.kind} event has no such field (only {kind} has)")
+
+    @property
+    def src_block(self) -> int:
+        """COW: the shared block that was copied."""
+        self._only(EventKind.COW)
+        return self.blocks[0]
+
+    @property
+    def dst_block(self) -> int:
+        """COW: the request's new private copy."""
+        self._only(EventKind.COW)
+        return self.blocks[1]
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        """CACHED: the short hash of each block."""
+        self._only(EventKind.CACHED)
+        return self.hashes[:len(self.blocks)]
+
+    @property
+    def parent_hashes(self) -> tuple[int, ...]:
+        """CACHED: the short hash of each block's chain parent."""
+        self._only(EventKind.CACHED)
+        return self.hashes[len(self.blocks):]
 
 
 class EventLog:
@@ -61,6 +140,13 @@ class EventLog:
                 Event(kind, step, request_id, tuple(blocks), time.monotonic_ns(), tuple(hashes),
                       detail)
             )
+
+    def cow(self, step: int, request_id: int, src_block: int, dst_block: int) -> None:
+        self.emit(EventKind.COW, step, request_id, (src_block, dst_block))
+
+    def cached(self, step: int, request_id: int, blocks, block_hashes, parent_hashes) -> None:
+        self.emit(EventKind.CACHED, step, request_id, blocks,
+                  (*block_hashes, *parent_hashes))
 
     def drain(self) -> list[Event]:
         events = list(self._events)

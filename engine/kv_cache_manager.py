@@ -134,7 +134,7 @@ class KVCacheManager:
             seq.table[i] = dst
             copies.append((src, dst))
             self.num_cow_copies += 1
-            self.events.emit(ev.COW, self.step, request_id, (src, dst))
+            self.events.cow(self.step, request_id, src, dst)
         need = -(-end // self.block_size) - len(seq.table)
         if need > 0:
             seq.table.extend(self._fresh(request_id, need))
@@ -173,11 +173,11 @@ class KVCacheManager:
             cached = [(seq.table[i], seq.hashes[i], parents[i])
                       for i in range(seq.num_registered, num_full)
                       if self.pool.cache(seq.table[i], seq.hashes[i], parents[i])]
-            if cached:  # hashes: the blocks' short hashes, then their parents'
+            if cached:
                 self._registered.setdefault(request_id, []).extend(b for b, _, _ in cached)
-                self.events.emit(ev.CACHED, self.step, request_id, [b for b, _, _ in cached],
-                                 hashes=[short_hash(h) for _, h, _ in cached]
-                                 + [short_hash(p) for _, _, p in cached])
+                self.events.cached(self.step, request_id, [b for b, _, _ in cached],
+                                   [short_hash(h) for _, h, _ in cached],
+                                   [short_hash(p) for _, _, p in cached])
         seq.num_registered = num_full
 
     def begin_step(self, step: int) -> None:

@@ -20,3 +20,4 @@ class RequestOutput:
     parent_id: int | None = None  # parallel sampling: the request this sample was forked from
     sample_index: int = 0
     prompt_token_ids: list[int] | None = None  # the prompt as the engine saw it (not a copy)
+    cache_salt: str | None = None

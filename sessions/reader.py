@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from kvscope.engine.events import Event
+from kvscope.engine.events import Event, EventKind
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
 from kvscope.sessions import schema
@@ -291,8 +291,12 @@ class SessionReader:
     def events_between(self, first: int, last: int) -> list[Event]:
         """Events published by steps first..last (inclusive), in order. An event's own `step` is
         the step the engine stamped on it (one step earlier for a cancel between steps)."""
-        return [Event(k, st, rid, blocks, t, hashes, detail)
-                for _, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last)]
+        try:
+            return [Event(EventKind(k), st, rid, blocks, t, hashes, detail)
+                    for _, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last)]
+        except ValueError as e:  # a kind this kvscope does not know
+            raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
+                                      f"{e}") from e
 
     def events_at(self, step: int) -> list[Event]:
         return self.events_between(step, step)
