@@ -35,13 +35,14 @@ class _Seq:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
-                 model_fingerprint: str = "", record_events: bool = True):
+                 model_fingerprint: str = "", record_events: bool = True,
+                 eviction_policy: str = "lru"):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.model_fingerprint = model_fingerprint
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
         self.events = ev.EventLog(record_events)
         self.step = 0
         self.seqs: dict[int, _Seq] = {}
@@ -226,8 +227,8 @@ class KVCacheManager:
         parent_hash = np.fromiter((0 if h is None else short_hash(h) for h in pool.parent_hash),
                                   dtype=np.uint64, count=n)
         lru_rank = np.full(n, -1, dtype=np.int32)
-        lru_rank[np.fromiter(pool.free_queue, dtype=np.int64, count=len(pool.free_queue))] = \
-            np.arange(len(pool.free_queue), dtype=np.int32)
+        order = pool.eviction_order()
+        lru_rank[np.array(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int32)
         owner = np.full(n, -1, dtype=np.int64)
         for rid in sorted(self.seqs, reverse=True):  # the lowest id ends up as the owner
             owner[self.seqs[rid].table] = rid
