@@ -156,17 +156,24 @@ class BlockPool:
         if n > len(free) + len(cached):
             raise NoFreeBlocksError(f"need {n} blocks, {len(free) + len(cached)} available")
         blocks, evicted = [], []
+        ref_count, last_use, block_hash, dropped = self.ref_count, self.last_use, \
+            self.block_hash, self.dropped
         for _ in range(n):
             if free:
                 b = free.popitem(last=False)[0]
-            else:
+            else:  # _drop_hash, inlined: this loop is the trace lab's hot path
                 b = cached.pop()
-                self._drop_hash(b, self.block_hash[b], step, "evicted")
+                h = block_hash[b]
+                del self.hash_to_block[h]
+                block_hash[b] = self.parent_hash[b] = None
+                self.hits[b] = 0
+                dropped[h] = (step, "evicted")
                 evicted.append(b)
-            self.ref_count[b] = 1
-            self.last_use[b] = step
+            ref_count[b] = 1
+            last_use[b] = step
             blocks.append(b)
         self.num_evicted += len(evicted)
+        self._forget_oldest_dropped()
         return blocks, evicted
 
     def release(self, blocks: list[int], step: int) -> None:
@@ -214,6 +221,9 @@ class BlockPool:
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0
         self.dropped[block_hash] = (step, why)
-        if len(self.dropped) > self.evicted_history:
+        self._forget_oldest_dropped()
+
+    def _forget_oldest_dropped(self) -> None:
+        while len(self.dropped) > self.evicted_history:
             self.dropped.popitem(last=False)
             self.forgot_any = True
