@@ -116,6 +116,10 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached = _cached_set(eviction_policy)
         self.hash_to_block: dict[BlockHash, int] = {}
+        # Parents of first blocks: chain roots (one per identity), which are never blocks.
+        # With them a resident block whose parent is neither resident nor a root is known to be
+        # unreachable (see kvscope.engine.lab.dead).
+        self.chain_roots: set[BlockHash] = set()
         # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
         self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
         self.evicted_history = evicted_history
@@ -189,10 +193,14 @@ class BlockPool:
                 else:
                     self._cached.push(b, self)
 
-    def cache(self, block: int, block_hash: BlockHash, parent: BlockHash) -> bool:
-        """Register a held block under its hash (`parent`: the hash before it in the chain).
-        False if another block already holds that hash (e.g. the recomputed last block of a
-        full-prompt hit): the block then stays unhashed."""
+    def cache(self, block: int, block_hash: BlockHash, parent: BlockHash,
+              first: bool = False) -> bool:
+        """Register a held block under its hash (`parent`: the hash before it in the chain;
+        `first`: the block opens its chain, so `parent` is a root, not a block). False if
+        another block already holds that hash (e.g. the recomputed last block of a full-prompt
+        hit): the block then stays unhashed."""
+        if first:
+            self.chain_roots.add(parent)
         if block_hash in self.hash_to_block:
             return False
         self.hash_to_block[block_hash] = block

@@ -175,7 +175,7 @@ class KVCacheManager:
             parents = [seq.root, *seq.hashes]
             cached = [(seq.table[i], seq.hashes[i], parents[i])
                       for i in range(seq.num_registered, num_full)
-                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i])]
+                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i], i == 0)]
             if cached and self.events.enabled:  # hashes: short hashes, then the parents'
                 self.events.emit(ev.CACHED, self.step, request_id, [b for b, _, _ in cached],
                                  hashes=[short_hash(h) for _, h, _ in cached]

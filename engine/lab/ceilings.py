@@ -24,9 +24,11 @@ from kvscope.engine.lab.traces import Trace
 
 @dataclass
 class SegmentStream:
-    """requests[i] = [(segment, units, hittable units), ...] in prompt order."""
+    """requests[i] = [(segment, units, hittable units), ...] in prompt order; a segment's
+    units are all hittable or none (segments are also cut where the hittable blocks end)."""
 
     requests: list[list[tuple[int, int, int]]]
+    needed: list[int]  # blocks each request holds while admitted: it fits pools at least this big
     block_size: int
     query_tokens: int
     num_segments: int
@@ -36,10 +38,11 @@ def segment_stream(trace: Trace, block_size: int) -> SegmentStream:
     trace.check_block_size(block_size)
     k = trace.trace_block // block_size
     cuts: dict[int, set[int]] = {}
-    for r in trace.requests:
-        q, p = divmod(r.input_length // block_size, k)
-        if p:
-            cuts.setdefault(r.nodes[q], set()).add(p)
+    for r in trace.requests:  # cut where a prompt ends and where its hittable blocks end
+        for end in (r.input_length // block_size, max(0, (r.input_length - 1) // block_size)):
+            q, p = divmod(end, k)
+            if p:
+                cuts.setdefault(r.nodes[q], set()).add(p)
     bounds = {node: [0, *sorted(c), k] for node, c in cuts.items()}
     seg_id: dict[tuple[int, int], int] = {}
     out = []
@@ -57,26 +60,45 @@ def segment_stream(trace: Trace, block_size: int) -> SegmentStream:
                 s = seg_id.setdefault((node, lo), len(seg_id))
                 refs.append((s, hi - lo, min(hi - lo, max(0, hittable - base - lo))))
         out.append(refs)
-    return SegmentStream(out, block_size, sum(r.input_length for r in trace.requests),
+    needed = [-(-r.input_length // block_size) for r in trace.requests]
+    return SegmentStream(out, needed, block_size, sum(r.input_length for r in trace.requests),
                          len(seg_id))
 
 
-def infinite_hit_tokens(stream: SegmentStream) -> int:
-    seen: set[int] = set()
-    hits = 0
+def distinct_blocks(stream: SegmentStream) -> int:
+    units: dict[int, int] = {}
     for refs in stream.requests:
-        prefix = True
+        for s, w, _ in refs:
+            units[s] = w
+    return sum(units.values())
+
+
+@dataclass
+class Ceiling:
+    hit_tokens: int
+    requests_hit: int  # requests with at least one block served from the cache
+    evicted_blocks: int
+
+
+def infinite_cache(stream: SegmentStream) -> Ceiling:
+    seen: set[int] = set()
+    hits = requests_hit = 0
+    for refs in stream.requests:
+        prefix, before = True, hits
         for s, _, h in refs:
             prefix = prefix and s in seen
             hits += h if prefix else 0
+        requests_hit += hits > before
         seen.update(s for s, _, _ in refs)
-    return hits * stream.block_size
+    return Ceiling(hits * stream.block_size, requests_hit, 0)
 
 
 def lru_hit_tokens(stream: SegmentStream, pool_sizes: list[int]) -> list[int]:
     """Hit tokens of an LRU prefix cache of each size, from one pass of stack distances. A
     request looks up its prompt, then its blocks go to the top of the stack head first (the
-    manager releases them tail first), so depth d (0 = top) hits at sizes > d."""
+    manager releases them tail first), so depth d (0 = top) hits at sizes > d. Requests larger
+    than a pool are rejected there (no hits), but their blocks still enter the stack: a small
+    overestimate at sizes that reject requests."""
     n_slots = sum(len(refs) for refs in stream.requests) + 1
     tree = [0] * (n_slots + 1)  # Fenwick tree over access times: the weight of the last access
     last: dict[int, int] = {}
@@ -84,8 +106,10 @@ def lru_hit_tokens(stream: SegmentStream, pool_sizes: list[int]) -> list[int]:
     points: dict[int, int] = {}  # threshold -> hit blocks needing at least that size
     lo_list, hi_list = [], []  # ranges of thresholds, one hit block each
     now = 0
-    for refs in stream.requests:
-        prefix_max = -1  # deepest depth so far among this prompt's hittable blocks
+    for refs, needed in zip(stream.requests, stream.needed, strict=True):
+        # Depth so far among this prompt's hittable blocks, and a request larger than the pool
+        # is rejected: it hits only at sizes >= needed.
+        prefix_max = needed - 1
         missed = False
         for s, _, h in refs:
             if missed or h == 0:
@@ -133,25 +157,31 @@ def lru_hit_tokens(stream: SegmentStream, pool_sizes: list[int]) -> list[int]:
     return out
 
 
-def belady_hit_tokens(stream: SegmentStream, pool_blocks: int) -> int:
-    """Belady's MIN: on overflow, drop the block whose next use is farthest (possibly the one
-    just used). A child's next use is always after its parent's (every prompt that holds the
-    child holds the parent before it), so the cache stays prefix-closed and MIN's block hits are
-    prefix hits: no policy of this pool size can beat it."""
-    order = [s for refs in stream.requests for s, _, _ in refs]
+def belady(stream: SegmentStream, pool_blocks: int) -> Ceiling:
+    """Belady's MIN: every reference may load its blocks; on overflow, drop the blocks whose
+    next *counting* use is farthest (possibly the ones just loaded). A use counts where a hit
+    would: a hittable block of a request that fits the pool. A child's next counting use is
+    always after its parent's (a prompt that can hit the child can hit the parent before it),
+    so the cache stays prefix-closed and MIN's block hits are prefix hits: no policy of this
+    pool size can beat it (checked against brute force in the tests)."""
+    order = [(s, h == w and needed <= pool_blocks)
+             for refs, needed in zip(stream.requests, stream.needed, strict=True)
+             for s, w, h in refs]
     never = len(order)
-    following = [never] * len(order)  # index of the next reference to the same segment
+    following = [never] * len(order)  # index of the next counting reference to the segment
     seen: dict[int, int] = {}
     for i in range(len(order) - 1, -1, -1):
-        following[i] = seen.get(order[i], never)
-        seen[order[i]] = i
+        s, counts = order[i]
+        following[i] = seen.get(s, never)
+        if counts:
+            seen[s] = i
     resident: dict[int, int] = {}  # segment -> units held (always its leading units)
     next_use: dict[int, int] = {}
     heap: list[tuple[int, int]] = []  # (-next use, segment), stale entries skipped
-    held = hits = 0
+    held = hits = requests_hit = evicted = 0
     i = 0
-    for refs in stream.requests:
-        prefix = True
+    for refs, needed in zip(stream.requests, stream.needed, strict=True):
+        prefix, before = needed <= pool_blocks, hits  # a request larger than the pool: no hit
         for s, w, h in refs:
             have = resident.get(s, 0)
             if prefix:
@@ -170,8 +200,10 @@ def belady_hit_tokens(stream: SegmentStream, pool_blocks: int) -> int:
                 drop = min(resident[v], held - pool_blocks)  # from the segment's tail
                 resident[v] -= drop
                 held -= drop
+                evicted += drop
                 if resident[v]:
                     heapq.heappush(heap, (neg, v))
                 else:
                     del resident[v]
-    return hits * stream.block_size
+        requests_hit += hits > before
+    return Ceiling(hits * stream.block_size, requests_hit, evicted)
