@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections import OrderedDict
 from functools import cache
 from pathlib import Path
 
 import pytest
+from plain_lru import plain_lru_hit_ratio
 
 from kvscope.engine import KVCacheManager
 from kvscope.engine.lab import ceilings, whatif
@@ -26,32 +26,6 @@ SIZES = [500, 2_000, 8_000, 30_000]
 @pytest.fixture(scope="module")
 def trace():
     return load_trace(HEAD)
-
-
-def plain_lru_hit_ratio(path: Path, pool_blocks: int) -> float:
-    """Independent of the lab: prompts only, full 16-token blocks only, a block identified by
-    the hash ids up to it; a hit needs every earlier block hit and leaves the last token to
-    compute; a prompt larger than the pool is a miss and changes nothing. After a request its
-    blocks are the most recent, head last (the manager releases tail first)."""
-    cache: OrderedDict = OrderedDict()
-    hit = query = 0
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        n, ids = r["input_length"], r["hash_ids"]
-        query += n
-        if -(-n // BS) > pool_blocks:
-            continue
-        keys = [(tuple(ids[: k * BS // 512 + 1]), k * BS % 512) for k in range(n // BS)]
-        for k in keys[: (n - 1) // BS]:
-            if k not in cache:
-                break
-            hit += BS
-        for k in reversed(keys):
-            cache[k] = None
-            cache.move_to_end(k)
-        while len(cache) > pool_blocks:
-            cache.popitem(last=False)
-    return hit / query
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -78,6 +52,7 @@ def test_belady_bounds_every_policy_and_meets_the_infinite_cache(trace):
 def test_timed_and_sequential_meet_the_infinite_cache_on_a_huge_pool(trace):
     stream = ceilings.segment_stream(trace, BS)
     infinite = ceilings.infinite_cache(stream)
+    assert infinite.hit_tokens == round(plain_lru_hit_ratio(HEAD, 10**9) * stream.query_tokens)
     for mode in ("sequential", "timed"):
         r = whatif.replay(trace, 10**6, BS, "lru", mode)
         assert (r.hit_tokens, r.num_requests_hit) == (infinite.hit_tokens, infinite.requests_hit)
