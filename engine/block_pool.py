@@ -122,7 +122,7 @@ class BlockPool:
         self.chain_roots: set[BlockHash] = set()
         # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
         self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
-        self.evicted_history = evicted_history
+        self.evicted_history = evicted_history  # 0: remember none (no miss explanations)
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
 
@@ -160,24 +160,27 @@ class BlockPool:
         if n > len(free) + len(cached):
             raise NoFreeBlocksError(f"need {n} blocks, {len(free) + len(cached)} available")
         blocks, evicted = [], []
-        ref_count, last_use, block_hash, dropped = self.ref_count, self.last_use, \
-            self.block_hash, self.dropped
+        ref_count, last_use, block_hash, hash_to_block, pop = self.ref_count, self.last_use, \
+            self.block_hash, self.hash_to_block, cached.pop
+        remember = self.dropped if self.evicted_history else None
         for _ in range(n):
             if free:
                 b = free.popitem(last=False)[0]
             else:  # _drop_hash, inlined: this loop is the trace lab's hot path
-                b = cached.pop()
+                b = pop()
                 h = block_hash[b]
-                del self.hash_to_block[h]
+                del hash_to_block[h]
                 block_hash[b] = self.parent_hash[b] = None
                 self.hits[b] = 0
-                dropped[h] = (step, "evicted")
+                if remember is not None:
+                    remember[h] = (step, "evicted")
                 evicted.append(b)
             ref_count[b] = 1
             last_use[b] = step
             blocks.append(b)
-        self.num_evicted += len(evicted)
-        self._forget_oldest_dropped()
+        if evicted:
+            self.num_evicted += len(evicted)
+            self._forget_oldest_dropped()
         return blocks, evicted
 
     def release(self, blocks: list[int], step: int) -> None:
@@ -208,7 +211,8 @@ class BlockPool:
         self.parent_hash[block] = parent
         self._num_registered += 1
         self.cached_seq[block] = self._num_registered
-        self.dropped.pop(block_hash, None)
+        if self.dropped:
+            self.dropped.pop(block_hash, None)
         return True
 
     def reset(self, step: int) -> list[int]:
