@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvscope.app import cli_lab
+from kvscope.engine.block_pool import EVICTION_POLICIES
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--echo", action="store_true", help="print the prompt before the output")
     _engine_options(gen)
     gen.set_defaults(func=cmd_generate)
+    cli_lab.add_parser(sub)
     return parser
 
 
@@ -141,6 +144,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru",
+                   help="which cached block is reused first (default: lru, as vLLM)")
     g.add_argument("--no-kv-cache", action="store_true",
                    help="the naive loop: recompute every sequence at every step")
     g.add_argument("--max-batched-tokens", type=_positive_int, default=1024,
@@ -210,7 +215,8 @@ def load_engine(args: argparse.Namespace):
                               enable_prefix_caching=not args.no_prefix_cache,
                               enable_kv_cache=not args.no_kv_cache,
                               max_num_batched_tokens=args.max_batched_tokens,
-                              max_num_seqs=args.max_num_seqs)
+                              max_num_seqs=args.max_num_seqs,
+                              eviction_policy=args.eviction_policy)
         return Engine.from_pretrained(args.model, config)
     except ModelLoadError as e:
         raise CliError(f"cannot load model {args.model!r}: {e}") from None

@@ -1,16 +1,29 @@
-"""The physical block pool: ref counts, block hashes and the free queue in LRU order.
+"""The physical block pool: ref counts, block hashes, and which free block is reused next.
 
-As in vLLM v1: a block whose ref count drops to zero keeps its hash and waits in the free queue
-("cached"); a prefix hit takes it out of the queue in O(1); eviction is lazy, when a fresh block is
-popped from the head of the queue. Unlike vLLM, a released block that has no hash goes to the
-*head* of the queue: it holds nothing reusable, so it should be reused before any cached block.
+As in vLLM v1: a block whose ref count drops to zero keeps its hash and waits ("cached"); a prefix
+hit takes it back in O(1); eviction is lazy, when a fresh block is needed. Free blocks without a
+hash are always reused before any cached block, most recently released first (vLLM puts them at
+the tail; they hold nothing reusable, so kvscope reuses them first). Among cached blocks the
+eviction policy decides:
+
+- ``lru`` (vLLM): least recently released first; a request releases its blocks tail first, so
+  the end of a chain goes before its head.
+- ``fifo``: the block whose hash was registered earliest goes first.
+- ``lfu``: fewest prefix hits since the block was cached first, least recently released among
+  equals.
+
+Every choice is a deterministic function of the sequence of calls (no clock, no randomness), so
+replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n) (fifo, lfu).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 
 from kvscope.engine.block_hash import BlockHash
+
+EVICTION_POLICIES = ("lru", "fifo", "lfu")
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -21,139 +34,232 @@ class PoolCopy:
     """Plain copies of a pool's per-block lists and its eviction order: what a snapshot needs,
     taken in about a millisecond for 16k blocks (Snapshot.from_pool builds from it later)."""
 
-    __slots__ = ("ref_count", "block_hash", "parent_hash", "hits", "last_use", "_order")
+    __slots__ = ("ref_count", "block_hash", "parent_hash", "hits", "last_use", "cached_seq",
+                 "_order")
 
     def __init__(self, pool: BlockPool):
         self.ref_count, self.block_hash = pool.ref_count[:], pool.block_hash[:]
         self.parent_hash, self.hits = pool.parent_hash[:], pool.hits[:]
-        self.last_use = pool.last_use[:]
+        self.last_use, self.cached_seq = pool.last_use[:], pool.cached_seq[:]
         self._order = pool.eviction_order()
-
-    @classmethod
-    def from_snapshot(cls, snap, eviction_policy: str = "lru") -> BlockPool:
-        """The pool a Snapshot shows (its short hashes as 8-byte keys): where a session's
-        replay starts, at a keyframe."""
-        if eviction_policy != "lru":
-            raise ValueError(f"unknown eviction policy {eviction_policy!r}")
-        pool = cls(snap.num_blocks)
-        key = [None if h == 0 else int(h).to_bytes(8, "little") for h in snap.block_hash.tolist()]
-        parent = [None if k is None else int(p).to_bytes(8, "little")
-                  for k, p in zip(key, snap.parent_hash.tolist(), strict=True)]
-        pool.ref_count, pool.block_hash, pool.parent_hash = snap.ref_count.tolist(), key, parent
-        pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
-        pool.hash_to_block = {h: b for b, h in enumerate(key) if h is not None}
-        queued = sorted((r, b) for b, r in enumerate(snap.lru_rank.tolist()) if r >= 0)
-        pool.free_queue = OrderedDict.fromkeys(b for _, b in queued)
-        pool.num_cached = sum(key[b] is not None for b in pool.free_queue)
-        pool.num_evicted = snap.num_evicted_blocks
-        return pool
 
     def eviction_order(self) -> list[int]:
         return self._order
 
 
+class _LruCached:
+    """Cached blocks in release order: an OrderedDict is an O(1) linked set."""
+
+    def __init__(self):
+        self._queue: OrderedDict[int, None] = OrderedDict()
+
+    def push(self, block: int, pool: BlockPool) -> None:
+        self._queue[block] = None
+
+    def remove(self, block: int) -> None:
+        del self._queue[block]
+
+    def pop(self) -> int:
+        return self._queue.popitem(last=False)[0]
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def order(self) -> list[int]:
+        return list(self._queue)
+
+
+class _HeapCached:
+    """Cached blocks in a heap on (policy key, release tick); removal is lazy: an entry counts
+    only while it carries its block's current tick."""
+
+    def __init__(self, key):
+        self._key = key  # (pool, block) -> the policy's sort key, read at release
+        self._heap: list[tuple] = []
+        self._tick: dict[int, int] = {}  # block -> tick of its live entry
+        self._ticks = 0
+
+    def push(self, block: int, pool: BlockPool) -> None:
+        self._ticks += 1
+        self._tick[block] = self._ticks
+        heapq.heappush(self._heap, (self._key(pool, block), self._ticks, block))
+        if len(self._heap) > 2 * len(self._tick) + 64:  # drop stale entries, keeps O(n) memory
+            self._heap = [e for e in self._heap if self._tick.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
+
+    def remove(self, block: int) -> None:
+        del self._tick[block]
+
+    def pop(self) -> int:
+        while True:
+            _, tick, block = heapq.heappop(self._heap)
+            if self._tick.get(block) == tick:
+                del self._tick[block]
+                return block
+
+    def __len__(self) -> int:
+        return len(self._tick)
+
+    def order(self) -> list[int]:
+        return [b for _, t, b in sorted(self._heap) if self._tick.get(b) == t]
+
+
+def _cached_set(policy: str):
+    if policy == "lru":
+        return _LruCached()
+    if policy == "fifo":
+        return _HeapCached(lambda pool, b: pool.cached_seq[b])
+    if policy == "lfu":
+        return _HeapCached(lambda pool, b: pool.hits[b])
+    raise ValueError(f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}, "
+                     f"got {policy!r}")
+
+
 class BlockPool:
-    def __init__(self, num_blocks: int, evicted_history: int = 1 << 18):
+    def __init__(self, num_blocks: int, evicted_history: int = 1 << 18,
+                 eviction_policy: str = "lru"):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
+        self.eviction_policy = eviction_policy
         self.ref_count = [0] * num_blocks
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.parent_hash: list[BlockHash | None] = [None] * num_blocks  # chain parent, if hashed
         self.hits = [0] * num_blocks  # prefix hits served since the block was cached
+        self.cached_seq = [0] * num_blocks  # order in which hashes were registered (fifo)
+        self._num_registered = 0
         self.last_use = [-1] * num_blocks
-        # Head = next block to reuse. Values unused: an OrderedDict is an O(1) linked set.
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free blocks without a hash, head = next to reuse; then the cached ones.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached = _cached_set(eviction_policy)
         self.hash_to_block: dict[BlockHash, int] = {}
+        # Parents of first blocks: chain roots (one per identity), which are never blocks.
+        # With them a resident block whose parent is neither resident nor a root is known to be
+        # unreachable (see kvscope.engine.lab.dead).
+        self.chain_roots: set[BlockHash] = set()
         # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
         self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
-        self.evicted_history = evicted_history
+        self.evicted_history = evicted_history  # 0: remember none (no miss explanations)
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
-        self.num_cached = 0  # blocks in the free queue that keep a hash (evictable)
-
-    @classmethod
-    def from_snapshot(cls, snap, eviction_policy: str = "lru") -> BlockPool:
-        """The pool a Snapshot shows (its short hashes as 8-byte keys): where a session's
-        replay starts, at a keyframe."""
-        if eviction_policy != "lru":
-            raise ValueError(f"unknown eviction policy {eviction_policy!r}")
-        pool = cls(snap.num_blocks)
-        key = [None if h == 0 else int(h).to_bytes(8, "little") for h in snap.block_hash.tolist()]
-        parent = [None if k is None else int(p).to_bytes(8, "little")
-                  for k, p in zip(key, snap.parent_hash.tolist(), strict=True)]
-        pool.ref_count, pool.block_hash, pool.parent_hash = snap.ref_count.tolist(), key, parent
-        pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
-        pool.hash_to_block = {h: b for b, h in enumerate(key) if h is not None}
-        queued = sorted((r, b) for b, r in enumerate(snap.lru_rank.tolist()) if r >= 0)
-        pool.free_queue = OrderedDict.fromkeys(b for _, b in queued)
-        pool.num_cached = sum(key[b] is not None for b in pool.free_queue)
-        pool.num_evicted = snap.num_evicted_blocks
-        return pool
-
-    def eviction_order(self) -> list[int]:
-        """The blocks that can be handed out, in the order they would be."""
-        return list(self.free_queue)
-
-    def copy(self) -> PoolCopy:
-        return PoolCopy(self)
 
     @property
     def num_available(self) -> int:
         """Blocks that can be handed out now: free ones plus evictable cached ones."""
-        return len(self.free_queue)
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks with ref count 0 that keep a hash (evictable)."""
+        return len(self._cached)
+
+    def eviction_order(self) -> list[int]:
+        """Every block with ref count 0, in the order they would be reused (a copy)."""
+        return [*self._free, *self._cached.order()]
+
+    free_queue = property(eviction_order, doc="The reuse order, as `eviction_order()`.")
+
+    def copy(self) -> PoolCopy:
+        return PoolCopy(self)
+
+    @classmethod
+    def from_snapshot(cls, snap, eviction_policy: str = "lru") -> BlockPool:
+        """The pool a Snapshot shows, its short hashes as 8-byte keys: where a session's replay
+        starts, at a keyframe. Free blocks are queued as the snapshot orders them (lru_rank);
+        cached ones are released in that order, so every policy rebuilds the same order (fifo:
+        by the recorded registration order; lfu: hits, then that order)."""
+        pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
+        key = [None if h == 0 else int(h).to_bytes(8, "little") for h in snap.block_hash.tolist()]
+        pool.block_hash = key
+        pool.parent_hash = [None if k is None else int(p).to_bytes(8, "little")
+                            for k, p in zip(key, snap.parent_hash.tolist(), strict=True)]
+        pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
+        pool.hash_to_block = {h: b for b, h in enumerate(key) if h is not None}
+        pool.ref_count = snap.ref_count.tolist()
+        if len(snap.cached_seq):  # (sessions recorded before it have none)
+            pool.cached_seq = snap.cached_seq.tolist()
+            pool._num_registered = max(pool.cached_seq, default=0)
+        order = sorted((r, b) for b, r in enumerate(snap.lru_rank.tolist()) if r >= 0)
+        pool._free = OrderedDict.fromkeys(b for _, b in order if key[b] is None)
+        for _, b in order:
+            if key[b] is not None:
+                pool._cached.push(b, pool)
+        pool.num_evicted = snap.num_evicted_blocks
+        return pool
 
     def take(self, blocks: list[int], step: int, hit: bool = False) -> None:
-        """Add a reference to each block (a prefix hit, counted in `hits`, or a fork); cached
-        blocks leave the queue."""
+        """Add a reference to each block (a prefix hit, counted in `hits`, or a fork); free
+        blocks stop being free."""
+        ref_count, last_use, hits = self.ref_count, self.last_use, self.hits
         for b in blocks:
-            if self.ref_count[b] == 0:
-                del self.free_queue[b]
-                self.num_cached -= self.block_hash[b] is not None
-            self.ref_count[b] += 1
-            self.last_use[b] = step
-            self.hits[b] += hit
+            if ref_count[b] == 0:
+                if self.block_hash[b] is None:
+                    del self._free[b]
+                else:
+                    self._cached.remove(b)
+            ref_count[b] += 1
+            last_use[b] = step
+            hits[b] += hit
 
     def allocate(self, n: int, step: int) -> tuple[list[int], list[int]]:
-        """Pop n blocks from the queue head. Returns (blocks, those whose hash was evicted)."""
-        if n > len(self.free_queue):
-            raise NoFreeBlocksError(f"need {n} blocks, {len(self.free_queue)} available")
+        """Take n blocks, plain free ones first. Returns (blocks, those whose hash was evicted)."""
+        free, cached = self._free, self._cached
+        if n > len(free) + len(cached):
+            raise NoFreeBlocksError(f"need {n} blocks, {len(free) + len(cached)} available")
         blocks, evicted = [], []
+        ref_count, last_use, block_hash, hash_to_block, pop = self.ref_count, self.last_use, \
+            self.block_hash, self.hash_to_block, cached.pop
+        remember = self.dropped if self.evicted_history else None
         for _ in range(n):
-            b, _ = self.free_queue.popitem(last=False)
-            h = self.block_hash[b]
-            if h is not None:
-                self._drop_hash(b, h, step, "evicted")
-                self.num_cached -= 1
+            if free:
+                b = free.popitem(last=False)[0]
+            else:  # _drop_hash, inlined: this loop is the trace lab's hot path
+                b = pop()
+                h = block_hash[b]
+                del hash_to_block[h]
+                block_hash[b] = self.parent_hash[b] = None
+                self.hits[b] = 0
+                if remember is not None:
+                    remember[h] = (step, "evicted")
                 evicted.append(b)
-            self.ref_count[b] = 1
-            self.last_use[b] = step
+            ref_count[b] = 1
+            last_use[b] = step
             blocks.append(b)
-        self.num_evicted += len(evicted)
+        if evicted:
+            self.num_evicted += len(evicted)
+            self._forget_oldest_dropped()
         return blocks, evicted
 
     def release(self, blocks: list[int], step: int) -> None:
         """Drop one reference from each block, in the given order (callers pass tail first)."""
+        ref_count, last_use = self.ref_count, self.last_use
         for b in blocks:
-            self.ref_count[b] -= 1
-            self.last_use[b] = step
-            if self.ref_count[b] == 0:
-                self.free_queue[b] = None
+            ref_count[b] -= 1
+            last_use[b] = step
+            if ref_count[b] == 0:
                 if self.block_hash[b] is None:
-                    self.free_queue.move_to_end(b, last=False)
+                    self._free[b] = None
+                    self._free.move_to_end(b, last=False)
                 else:
-                    self.num_cached += 1
+                    self._cached.push(b, self)
 
-    def cache(self, block: int, block_hash: BlockHash, parent: BlockHash) -> bool:
-        """Register a full block under its hash (`parent`: the hash before it in the chain).
-        False if another block already holds that hash (e.g. the recomputed last block of a
-        full-prompt hit): the block then stays unhashed."""
+    def cache(self, block: int, block_hash: BlockHash, parent: BlockHash,
+              first: bool = False) -> bool:
+        """Register a held block under its hash (`parent`: the hash before it in the chain;
+        `first`: the block opens its chain, so `parent` is a root, not a block). False if
+        another block already holds that hash (e.g. the recomputed last block of a full-prompt
+        hit): the block then stays unhashed."""
+        if first:
+            self.chain_roots.add(parent)
         if block_hash in self.hash_to_block:
             return False
         self.hash_to_block[block_hash] = block
         self.block_hash[block] = block_hash
         self.parent_hash[block] = parent
-        self.dropped.pop(block_hash, None)
+        self._num_registered += 1
+        self.cached_seq[block] = self._num_registered
+        if self.dropped:
+            self.dropped.pop(block_hash, None)
         return True
 
     def uncache(self, block: int) -> None:
@@ -166,19 +272,21 @@ class BlockPool:
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0
         if self.ref_count[block] == 0:  # an unhashed free block goes before any cached one
-            self.num_cached -= 1
-            self.free_queue.move_to_end(block, last=False)
+            self._cached.remove(block)
+            self._free[block] = None
+            self._free.move_to_end(block, last=False)
 
     def reset(self, step: int) -> list[int]:
         """Forget every hash (cached and active blocks alike). Returns the blocks affected."""
         blocks = sorted(self.hash_to_block.values())
         for b in blocks:
             self._drop_hash(b, self.block_hash[b], step, "reset")
-        # Blocks that are now plain free go before anything else in the queue.
+        # Blocks that are now plain free go before anything else, lowest id first.
+        self._cached = _cached_set(self.eviction_policy)
         for b in reversed(blocks):
             if self.ref_count[b] == 0:
-                self.free_queue.move_to_end(b, last=False)
-        self.num_cached = 0
+                self._free[b] = None
+                self._free.move_to_end(b, last=False)
         return blocks
 
     def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:
@@ -186,6 +294,9 @@ class BlockPool:
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0
         self.dropped[block_hash] = (step, why)
-        if len(self.dropped) > self.evicted_history:
+        self._forget_oldest_dropped()
+
+    def _forget_oldest_dropped(self) -> None:
+        while len(self.dropped) > self.evicted_history:
             self.dropped.popitem(last=False)
             self.forgot_any = True

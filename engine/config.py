@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvscope.engine.block_pool import EVICTION_POLICIES
+
 
 @dataclass
 class EngineConfig:
@@ -19,6 +21,7 @@ class EngineConfig:
     warmup_steps: int = 2  # the first steps of a fresh engine are marked as warm-up
     gpu_memory_fraction: float = 0.5  # of free device memory given to the KV pool (CUDA)
     record_events: bool = True
+    eviction_policy: str = "lru"  # which cached block is reused first: lru | fifo | lfu
 
     def __post_init__(self):
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -26,6 +29,9 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be positive")
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ValueError("EngineConfig.num_blocks must be positive")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"EngineConfig.eviction_policy must be one of "
+                             f"{', '.join(EVICTION_POLICIES)}, got {self.eviction_policy!r}")
 
 
 DEFAULT_CPU_BLOCKS = 2048

@@ -68,7 +68,7 @@ class Engine:
         identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
-                                      config.record_events)
+                                      config.record_events, config.eviction_policy)
         self.events = self.manager.events
         self.scheduler = Scheduler(config, self.manager)
         self.requests: dict[int, Request] = {}

@@ -36,13 +36,14 @@ class _Seq:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
-                 model_fingerprint: str = "", record_events: bool = True):
+                 model_fingerprint: str = "", record_events: bool = True,
+                 eviction_policy: str = "lru"):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.model_fingerprint = model_fingerprint
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
         self.events = ev.EventLog(record_events)
         self.step = 0
         self._registered: dict[int, list[int]] = {}  # this step: request -> blocks it registered
@@ -64,16 +65,21 @@ class KVCacheManager:
 
     def admit(self, request_id: int, token_ids: list[int], num_new_tokens: int | None = None,
               cache_salt: str | None = None, adapter: str | None = None,
-              count_stats: bool = True) -> int | None:
+              count_stats: bool = True, block_hashes: list[bytes] | None = None) -> int | None:
         """Reuse the longest cached prefix of `token_ids` and allocate slots for the next
         `num_new_tokens` tokens (default: the rest of them). Returns the number of tokens served
-        from the cache, or None if the pool cannot hold this now (nothing changes then)."""
+        from the cache, or None if the pool cannot hold this now (nothing changes then).
+        `block_hashes`: the chain hashes of the prompt's full blocks when the caller already
+        has them (a trace that gives block ids); token hashing is then skipped."""
         if request_id in self.seqs:
             raise ValueError(f"request {request_id} is already admitted")
         if not token_ids:
             raise ValueError("a request needs at least one token")
         keys = self._keys(cache_salt, adapter)
-        root, hashes = self._chain(keys, token_ids)
+        if block_hashes is None:
+            root, hashes = self._chain(keys, token_ids)
+        else:
+            root, hashes = self._recent_keys.get(keys) or root_hash(keys), list(block_hashes)
         hit = self._lookup((root, hashes), len(token_ids))
         num_cached = len(hit) * self.block_size
         if num_new_tokens is None:
@@ -172,12 +178,13 @@ class KVCacheManager:
             parents = [seq.root, *seq.hashes]
             cached = [(seq.table[i], seq.hashes[i], parents[i])
                       for i in range(seq.num_registered, num_full)
-                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i])]
+                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i], i == 0)]
             if cached:
                 self._registered.setdefault(request_id, []).extend(b for b, _, _ in cached)
-                self.events.cached(self.step, request_id, [b for b, _, _ in cached],
-                                   [short_hash(h) for _, h, _ in cached],
-                                   [short_hash(p) for _, _, p in cached])
+                if self.events.enabled:
+                    self.events.cached(self.step, request_id, [b for b, _, _ in cached],
+                                       [short_hash(h) for _, h, _ in cached],
+                                       [short_hash(p) for _, _, p in cached])
         seq.num_registered = num_full
 
     def begin_step(self, step: int) -> None:

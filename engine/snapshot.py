@@ -68,6 +68,8 @@ class Snapshot:
     num_cached_blocks: int = 0  # ref 0, hash kept, evictable
     num_shared_blocks: int = 0  # ref >= 2
     counters: CacheCounters = field(default_factory=CacheCounters)
+    cached_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64
+    #   [num_blocks]: order in which each block's hash was registered (the fifo policy's key)
 
     # The counters' totals, as before they were grouped.
     hit_tokens = property(lambda self: self.counters.hit_tokens)
@@ -114,7 +116,7 @@ class Snapshot:
             num_computed_tokens=dict(num_computed_tokens),
             num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
             num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
-            counters=counters)
+            counters=counters, cached_seq=np.array(pool.cached_seq, dtype=np.int64))
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""

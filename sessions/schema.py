@@ -48,7 +48,7 @@ SUFFIX = ".kvscope"
 TOTALS = {name: "total_" + name.removeprefix("num_") for name in CacheCounters.names()}
 
 KEYFRAME_ARRAYS = ("state", "ref_count", "owner", "block_hash", "last_use", "lru_rank",
-                   "parent_hash", "hit_count")
+                   "parent_hash", "hit_count", "cached_seq")
 
 _PY_TYPES = {"int": int, "float": float, "bool": int, "str": str}
 
@@ -213,6 +213,8 @@ def decode_keyframe(row: dict) -> Snapshot:
     layout = json.loads(row["layout"])
     arrays = {}
     for name in KEYFRAME_ARRAYS:
+        if name not in layout:  # an array added after the file was written
+            continue
         dtype, shape = layout[name]
         raw = bytearray(zlib.decompress(row[name]))  # writable, no extra copy
         arrays[name] = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape) \

@@ -1,9 +1,12 @@
-"""Random admit / append / fork / free / cancel / reset sequences against the cache manager.
+"""Random admit / append / fork / free / cancel / reset sequences against the cache manager,
+under each eviction policy.
 
 Besides the bookkeeping invariants, a shadow KV store plays the model runner: it performs the
 copy-on-write copies and writes each computed token into its slot. Every request must then read
 back exactly its own tokens through its block table, which is what makes sharing correct.
 """
+
+import itertools
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -16,10 +19,22 @@ PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9], [7] * 13, []]
 
 
 class CacheMachine(RuleBasedStateMachine):
+    policy = "lru"
+
     def __init__(self):
         super().__init__()
         self.num_blocks = 12
-        self.mgr = KVCacheManager(self.num_blocks, BLOCK_SIZE, model_fingerprint="m")
+        self.mgr = KVCacheManager(self.num_blocks, BLOCK_SIZE, model_fingerprint="m",
+                                  eviction_policy=self.policy)
+        self.released_at: dict[int, int] = {}  # block -> when it was last released (for lru)
+        release, clock = self.mgr.pool.release, itertools.count()
+
+        def note_release(blocks, step):
+            for b in blocks:
+                self.released_at[b] = next(clock)
+            release(blocks, step)
+
+        self.mgr.pool.release = note_release
         self.kv = [[None] * BLOCK_SIZE for _ in range(self.num_blocks)]  # shadow KV contents
         self.next_id = 0
         self.ops = 0
@@ -108,6 +123,21 @@ class CacheMachine(RuleBasedStateMachine):
             1 for b in pool.free_queue if pool.block_hash[b] is not None)
 
     @invariant()
+    def eviction_order_follows_the_policy(self):
+        pool = self.mgr.pool
+        order = pool.eviction_order()
+        hashed = [pool.block_hash[b] is not None for b in order]
+        assert hashed == sorted(hashed), "a plain free block waits behind a cached one"
+        cached = order[hashed.count(False):]
+        if self.policy == "fifo":
+            keys = [pool.cached_seq[b] for b in cached]
+        elif self.policy == "lfu":
+            keys = [pool.hits[b] for b in cached]
+        else:
+            keys = [self.released_at[b] for b in cached]
+        assert keys == sorted(keys)
+
+    @invariant()
     def every_request_reads_its_own_tokens(self):
         for seq in self.mgr.seqs.values():
             assert len(seq.table) == -(-seq.num_computed // BLOCK_SIZE)
@@ -128,6 +158,19 @@ TOTAL_OPS: list[int] = []
 CacheMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=50,
                                           deadline=None)
 TestCacheMachine = CacheMachine.TestCase
+
+
+class FifoMachine(CacheMachine):
+    policy = "fifo"
+
+
+class LfuMachine(CacheMachine):
+    policy = "lfu"
+
+
+for _m in (FifoMachine, LfuMachine):
+    _m.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+TestFifoMachine, TestLfuMachine = FifoMachine.TestCase, LfuMachine.TestCase
 
 
 def test_enough_operations_ran():

@@ -1,0 +1,62 @@
+"""The lab's miss-ratio curves, drawn once for the Lab panel and the PNG export: token hit ratio
+against pool size (log), LRU from the one-pass curve, the other policies and Belady at the sizes
+replayed, the infinite-cache ceiling as a dashed line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvscope.app import palette
+from kvscope.engine.lab.report import Row
+
+COLORS = {"lru": palette.ACTIVE_COLOR, "fifo": palette.SHARED_COLOR,
+          "lfu": palette.DECODE_COLOR, "belady": palette.CACHED_COLOR,
+          "infinite": palette.EVICTED_COLOR}
+
+
+def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
+    """Draw on a pyqtgraph PlotItem (cleared first)."""
+    import pyqtgraph as pg
+
+    item.clear()
+    if item.legend is None:
+        item.addLegend(offset=(10, 10))
+    item.setLogMode(x=True, y=False)
+    item.setLabel("bottom", "pool size (blocks)")
+    item.setLabel("left", "token hit ratio (%)")
+    item.showGrid(x=True, y=True, alpha=0.3)
+    xs, ys = zip(*lru_curve, strict=True)
+    item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(COLORS["lru"], width=2),
+              name="lru (one pass)")
+    for policy in ("lru", "fifo", "lfu", "belady"):
+        pts = sorted((r.pool_blocks, r.token_hit_ratio) for r in rows if r.policy == policy)
+        if pts:
+            px, py = zip(*pts, strict=True)
+            item.plot(px, [100 * y for y in py],
+                      pen=None if policy == "lru" else pg.mkPen(COLORS[policy], width=2),
+                      symbol="o", symbolBrush=COLORS[policy], symbolPen=None,
+                      name=None if policy == "lru" else policy)
+    for r in rows:
+        if r.policy == "infinite":
+            pen = pg.mkPen(COLORS["infinite"], width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
+            item.addItem(pg.InfiniteLine(100 * r.token_hit_ratio, angle=0, pen=pen))
+            item.legend.addItem(pg.PlotDataItem(pen=pen), "infinite cache")
+
+
+def write_curves_png(path: Path, lru_curve: list[tuple[int, float]], rows: list[Row],
+                     width: int = 900) -> None:
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import pyqtgraph as pg
+    import pyqtgraph.exporters
+    from PySide6.QtWidgets import QApplication
+
+    _app = QApplication.instance() or QApplication([])
+    plot = pg.PlotWidget(background="w")
+    plot.resize(width, width * 5 // 9)
+    draw_curves(plot.getPlotItem(), lru_curve, rows)
+    exporter = pyqtgraph.exporters.ImageExporter(plot.getPlotItem())
+    exporter.parameters()["width"] = width
+    if not exporter.export(str(path)) and not path.exists():
+        raise OSError(f"{path}: could not write the PNG")

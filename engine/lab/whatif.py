@@ -1,0 +1,148 @@
+"""What-if replay: a trace through the real `KVCacheManager` (no model), one pool size and one
+eviction policy per run.
+
+Modes:
+- ``sequential``: each request is admitted (its prompt only), then freed, in trace order; the
+  pool holds nothing but the cache between requests. Output tokens are not simulated. This is
+  the pure cache question: which prompt blocks would have been hits.
+- ``timed``: requests arrive at their trace timestamps, are admitted first come first served
+  (waiting while the pool cannot hold prompt and output), hold their prompt and output blocks
+  for ``output_length x tpot_s`` seconds, then are freed. Output blocks are cached like any full
+  block (as vLLM does) but never hit, since the trace's next prompts carry their own ids.
+
+Both count prompt tokens only: a request's hit tokens are the cached prefix the manager served
+(whole blocks, leaving the last prompt token to compute). A request larger than the whole pool
+is rejected and counted as a miss. The trace's block ids are the chain hashes (no token hashing:
+the hash-id fast path).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.lab.traces import Trace
+
+MODES = ("sequential", "timed")
+
+
+@dataclass
+class WhatIfResult:
+    policy: str
+    pool_blocks: int
+    block_size: int
+    mode: str
+    hit_tokens: int
+    query_tokens: int
+    num_requests: int
+    num_requests_hit: int
+    num_rejected: int  # larger than the whole pool
+    evicted_blocks: int
+    num_blocks_processed: int  # prompt blocks looked up plus blocks allocated
+    wall_s: float
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def request_hit_ratio(self) -> float:
+        return self.num_requests_hit / self.num_requests if self.num_requests else 0.0
+
+
+def block_hashes(trace: Trace, block_size: int) -> list[list[bytes]]:
+    """Each request's chain hashes, 8 bytes per block (the manager's dict keys)."""
+    trace.check_block_size(block_size)
+    return [[k.to_bytes(8, "little") for k in trace.block_keys(r, block_size)]
+            for r in trace.requests]
+
+
+def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "lru",
+           mode: str = "sequential", tpot_s: float = 0.03,
+           hashes: list[list[bytes]] | None = None,
+           on_request=None) -> WhatIfResult:
+    """Replay the trace; `hashes` from block_hashes() may be shared between runs.
+    on_request(manager, i): called after request i is admitted (for observers)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    hashes = hashes if hashes is not None else block_hashes(trace, block_size)
+    mgr = KVCacheManager(pool_blocks, block_size, record_events=on_request is not None,
+                         eviction_policy=policy)
+    mgr.pool.evicted_history = 0  # the lab explains no misses: skip the eviction history
+    run = _sequential if mode == "sequential" else _timed
+    start = time.perf_counter()
+    stats = run(mgr, trace, hashes, tpot_s, on_request)
+    wall = time.perf_counter() - start
+    hit, query, requests, requests_hit, rejected, blocks = stats
+    return WhatIfResult(policy, pool_blocks, block_size, mode, hit, query, requests,
+                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall)
+
+
+def _sequential(mgr, trace, hashes, tpot_s, on_request):
+    hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
+    pool_tokens = mgr.pool.num_blocks * mgr.block_size
+    zeros = [0] * max(r.input_length for r in trace.requests)
+    for i, r in enumerate(trace.requests):
+        n = r.input_length
+        query_tokens += n
+        if n > pool_tokens or n == 0:
+            rejected += n > pool_tokens
+            continue
+        cached = mgr.admit(i, zeros[:n], count_stats=False, block_hashes=hashes[i])
+        if on_request is not None:
+            on_request(mgr, i)
+        mgr.free(i)
+        hit_tokens += cached
+        requests_hit += cached > 0
+        blocks += len(hashes[i]) + -(-(n - cached) // mgr.block_size)
+    return hit_tokens, query_tokens, len(trace.requests), requests_hit, rejected, blocks
+
+
+def _timed(mgr, trace, hashes, tpot_s, on_request):
+    requests = trace.requests
+    finishing: list[tuple[float, int]] = []  # (finish time, request index)
+    waiting: deque[int] = deque()
+    hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
+    bs = mgr.block_size
+    pool_tokens = mgr.pool.num_blocks * bs
+
+    def try_admit(i: int, now: float) -> bool:
+        nonlocal hit_tokens, requests_hit, blocks
+        r = requests[i]
+        cached = mgr.admit(i, [0] * r.input_length, count_stats=False, block_hashes=hashes[i])
+        if cached is None:
+            return False
+        mgr.append_token_ids(i, [0] * r.output_length)
+        if not mgr.can_allocate(i, r.output_length):
+            mgr.free(i)  # cannot hold its answer yet: wait
+            return False
+        mgr.allocate(i, r.output_length)
+        if on_request is not None:
+            on_request(mgr, i)
+        hit_tokens += cached
+        requests_hit += cached > 0
+        blocks += len(hashes[i]) + len(mgr.block_table(i))
+        heapq.heappush(finishing, (now + r.output_length * tpot_s, i))
+        return True
+
+    def finish_until(t: float) -> None:
+        while finishing and finishing[0][0] <= t:
+            done, i = heapq.heappop(finishing)
+            mgr.free(i)
+            while waiting and try_admit(waiting[0], done):
+                waiting.popleft()
+
+    for i, r in enumerate(requests):
+        finish_until(r.arrival_s)
+        query_tokens += r.input_length
+        if r.input_length + r.output_length > pool_tokens or r.input_length == 0:
+            rejected += r.input_length > 0
+            continue
+        if waiting or not try_admit(i, r.arrival_s):
+            waiting.append(i)
+    finish_until(float("inf"))
+    assert not waiting, "requests left waiting with an empty pool"
+    return hit_tokens, query_tokens, len(requests), requests_hit, rejected, blocks
