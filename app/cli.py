@@ -356,7 +356,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from kvscope.sessions import SessionError, SessionReader
 
     try:  # a bad file is reported here, before any window opens
-        SessionReader(args.session).close()
+        with SessionReader(args.session) as reader:
+            reader.requests()  # the rows the window decodes first
+            reader.steps()
     except SessionError as e:
         raise CliError(str(e)) from None
     from kvscope.app.gui import run_gui
