@@ -246,6 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.record:
         check_record_path(Path(args.record), args.overwrite)
     engine = load_engine(args)
+    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     recorder = status = None
     if args.record:
         from kvscope.sessions import Recorder
@@ -255,8 +257,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 overwrite=args.overwrite).start()
         except (OSError, ValueError) as e:
             raise CliError(f"--record: {e}") from None
-    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
-    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     interrupted = False
     try:
         result = runner.run()

@@ -295,11 +295,15 @@ class WorkloadRunner:
         self._finished_at: dict[str, float] = {}  # workload id -> when it finished
         self._final: dict[int, RequestOutput] = {}  # request id -> its last (finished) output
         self._num_done = 0
-        if getattr(engine, "tokenizer", None) is None:
-            for r in workload.requests:
-                if r.needs_tokenizer:
-                    raise WorkloadError(f"{workload.source}:{r.line}: the model has no "
-                                        "tokenizer; use prompt_ids and no prefix")
+        vocab = engine.loaded.config.vocab_size
+        for r in workload.requests:
+            if r.needs_tokenizer and engine.tokenizer is None:
+                raise WorkloadError(f"{workload.source}:{r.line}: the model has no "
+                                    "tokenizer; use prompt_ids and no prefix")
+            beyond = [t for t in r.prompt_ids or () if t >= vocab]
+            if beyond:
+                raise WorkloadError(f"{workload.source}:{r.line}: token id {beyond[0]} in "
+                                    f"prompt_ids is beyond the model's vocabulary of {vocab}")
 
     @property
     def total(self) -> int:
