@@ -194,6 +194,10 @@ class SessionReader:
         conn.row_factory = None
         if row is None:
             raise CorruptSessionError(f"{self.path}: damaged session: no metadata row")
+        missing = [f.name for f in fields(SessionMeta) if f.name not in row.keys()]
+        if missing:
+            raise CorruptSessionError(f"{self.path}: damaged session: the metadata lacks "
+                                      f"{', '.join(missing)}")
         d = {f.name: row[f.name] for f in fields(SessionMeta)}
         d["engine_config"] = self._json(d["engine_config"] or "{}", "metadata engine_config")
         d["machine"] = self._json(d["machine"] or "{}", "metadata machine")
