@@ -278,12 +278,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if interrupted:
         print("interrupted: unfinished requests were cancelled")
         return 130
-    return report_rejections(result.outputs)
+    return report_rejections([line.outputs[0] for line in result.lines if line.outputs])
 
 
 def report_rejections(outputs) -> int:
     """Each distinct rejection reason with its count on stderr; 2 when every request was
-    rejected (nothing ran), else 0."""
+    rejected (nothing ran), else 0. `outputs`: one per submitted workload line (its first
+    sample)."""
     reasons = Counter(o.error or "no reason given" for o in outputs
                       if o.finish_reason == "rejected")
     if not reasons:

@@ -194,7 +194,8 @@ class SessionReader:
         conn.row_factory = None
         if row is None:
             raise CorruptSessionError(f"{self.path}: damaged session: no metadata row")
-        missing = [f.name for f in fields(SessionMeta) if f.name not in row.keys()]
+        columns = row.keys()  # (`in row` would search the values of a sqlite3.Row)
+        missing = [f.name for f in fields(SessionMeta) if f.name not in columns]
         if missing:
             raise CorruptSessionError(f"{self.path}: damaged session: the metadata lacks "
                                       f"{', '.join(missing)}")
