@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from reprlib import Repr
 
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -26,6 +27,16 @@ def is_number(v) -> bool:
     return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
+_repr = Repr()
+_repr.maxlist = _repr.maxdict = 8
+_repr.maxstring = _repr.maxlong = _repr.maxother = 50
+
+
+def shown(value) -> str:
+    """repr(value) cut short, for messages (a 10,000-id list, a 4,000-digit number)."""
+    return _repr.repr(value)
+
+
 def check_text(value: str, what: str) -> None:
     """Refuse text that cannot be encoded as UTF-8 (a lone surrogate, e.g. from a JSON escape
     "\\ud800" or undecodable command-line bytes)."""
@@ -33,12 +44,12 @@ def check_text(value: str, what: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{what} is not valid text: a lone surrogate "
-                         f"{value[e.start]!r} at character {e.start}") from None
+                         f"{shown(value[e.start])} at character {e.start}") from None
 
 
 def _int_at_least(owner: str, name: str, value, low: int) -> None:
     if not is_int(value):
-        raise ValueError(f"{owner}.{name} must be an integer, got {value!r}")
+        raise ValueError(f"{owner}.{name} must be an integer, got {shown(value)}")
     if value < low:
         raise ValueError(f"{owner}.{name} must be at least {low}, got {value}")
 
@@ -47,7 +58,7 @@ def _bools(owner: str, obj, names: tuple[str, ...]) -> None:
     for name in names:
         if not isinstance(getattr(obj, name), bool):
             raise ValueError(f"{owner}.{name} must be true or false, got "
-                             f"{getattr(obj, name)!r}")
+                             f"{shown(getattr(obj, name))}")
 
 
 @dataclass
@@ -74,15 +85,15 @@ class EngineConfig:
         _int_at_least(own, "warmup_steps", self.warmup_steps, 0)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"{own}.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)},"
-                             f" got {self.kv_cache_dtype!r}")
+                             f" got {shown(self.kv_cache_dtype)}")
         if self.dtype is not None and self.dtype not in MODEL_DTYPES:
             raise ValueError(f"{own}.dtype must be None or one of {', '.join(MODEL_DTYPES)}, "
-                             f"got {self.dtype!r}")
+                             f"got {shown(self.dtype)}")
         if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"{own}.device must be 'cpu' or 'cuda', got {self.device!r}")
+            raise ValueError(f"{own}.device must be 'cpu' or 'cuda', got {shown(self.device)}")
         if not (is_number(self.gpu_memory_fraction) and 0 < self.gpu_memory_fraction <= 1):
             raise ValueError(f"{own}.gpu_memory_fraction must be in (0, 1], got "
-                             f"{self.gpu_memory_fraction!r}")
+                             f"{shown(self.gpu_memory_fraction)}")
         _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events"))
 
 
@@ -109,22 +120,22 @@ class SamplingParams:
             raise ValueError(f"{own}.n must be at most {MAX_N}, got {self.n}")
         t = self.temperature
         if not is_number(t) or t < 0:
-            raise ValueError(f"{own}.temperature must be a finite number >= 0, got {t!r}")
+            raise ValueError(f"{own}.temperature must be a finite number >= 0, got {shown(t)}")
         if 0 < t < MIN_TEMPERATURE:
             raise ValueError(f"{own}.temperature must be 0 (greedy) or at least "
-                             f"{MIN_TEMPERATURE:g}, got {t!r}")
+                             f"{MIN_TEMPERATURE:g}, got {shown(t)}")
         if not (is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ValueError(f"{own}.top_p must be in (0, 1], got {self.top_p!r}")
+            raise ValueError(f"{own}.top_p must be in (0, 1], got {shown(self.top_p)}")
         if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"{own}.seed must be None or an integer in [0, 2**64), got "
-                             f"{self.seed!r}")
+                             f"{shown(self.seed)}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list | tuple):
-            raise ValueError(f"{own}.stop must be a list of strings, got {self.stop!r}")
+            raise ValueError(f"{own}.stop must be a list of strings, got {shown(self.stop)}")
         self.stop = list(self.stop)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"{own}.stop must hold non-empty strings, got {s!r}")
+                raise ValueError(f"{own}.stop must hold non-empty strings, got {shown(s)}")
             check_text(s, f"{own}.stop string")
         _bools(own, self, ("ignore_eos",))

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 
-from kvscope.engine.config import SamplingParams, check_text, is_int, is_number
+from kvscope.engine.config import SamplingParams, check_text, is_int, is_number, shown
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.snapshot import HitRates
 
@@ -161,15 +161,6 @@ def _parse_prefix(obj: dict, prefixes: dict[str, str], fail) -> tuple[str, str]:
     return name, text
 
 
-def _shown(value, limit: int = 60) -> str:
-    """The offending JSON value, cut short (a 10,000-id list or a 4,000-digit number)."""
-    try:
-        text = json.dumps(value)
-    except ValueError:
-        text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 MAX_ARRIVAL_S = 7 * 24 * 3600.0  # a week: later arrivals are typos (or 1e300)
 TOKEN_ID_LIMIT = 2**63  # token ids are int64 in the engine
 
@@ -205,7 +196,7 @@ def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[st
     for key, value in obj.items():
         test, what = _CHECKS.get(key, (None, ""))
         if test is not None and not test(value):
-            raise fail(f"{key} must be {what}, got {_shown(value)}")
+            raise fail(f"{key} must be {what}, got {shown(value)}")
     if ("prompt" in obj) == ("prompt_ids" in obj):
         raise fail("a request needs exactly one of 'prompt' (text) or 'prompt_ids'"
                    if "prompt" in obj else "missing 'prompt' (or 'prompt_ids')")

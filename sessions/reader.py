@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from kvscope.engine.config import shown
 from kvscope.engine.events import Event
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
@@ -308,7 +309,7 @@ class SessionReader:
             if not any(isinstance(v, _COLUMN_TYPES.get(k, ())) and not isinstance(v, bool)
                        for k in kinds):
                 raise CorruptSessionError(f"{self.path}: damaged session: {where}: {f.name} is "
-                                          f"{v!r}, expected {f.type}")
+                                          f"{shown(v)}, expected {f.type}")
 
     def step_table(self) -> tuple[list[str], list[tuple]]:
         """Every column of the steps table except the internal ones: (names, rows)."""

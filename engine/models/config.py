@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.engine.config import shown
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -41,7 +43,7 @@ def _field(cfg: dict[str, Any], key: str, kind: str, default: Any = _MISSING) ->
     if not ok:
         what = {"size": "an integer >= 1", "token": "a token id (an integer >= 0)",
                 "positive": "a number > 0"}[kind]
-        raise UnsupportedModelError(f"config.json: {key} must be {what}, got {value!r}")
+        raise UnsupportedModelError(f"config.json: {key} must be {what}, got {shown(value)}")
     return value
 
 
@@ -84,7 +86,7 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
             raise UnsupportedModelError(f"config.json: architectures must be a list of names, "
-                                        f"got {archs!r}")
+                                        f"got {shown(archs)}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             found = ", ".join(archs) if archs else "none listed in config.json"
@@ -158,7 +160,7 @@ def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise UnsupportedModelError(f"config.json: rope_parameters / rope_scaling must be an "
-                                    f"object, got {params!r}")
+                                    f"object, got {shown(params)}")
     params = dict(params)
     theta = params.pop("rope_theta", cfg.get("rope_theta"))
     theta = float(_field({"rope_theta": theta}, "rope_theta", "positive", 10000.0))
