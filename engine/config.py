@@ -34,7 +34,10 @@ _repr.maxstring = _repr.maxlong = _repr.maxother = 50
 
 def shown(value) -> str:
     """repr(value) cut short, for messages (a 10,000-id list, a 4,000-digit number)."""
-    return _repr.repr(value)
+    try:
+        return _repr.repr(value)
+    except ValueError:  # an int beyond Python's 4,300-digit conversion limit
+        return f"an integer of {value.bit_length()} bits"
 
 
 def check_text(value: str, what: str) -> None:
@@ -51,7 +54,7 @@ def _int_at_least(owner: str, name: str, value, low: int) -> None:
     if not is_int(value):
         raise ValueError(f"{owner}.{name} must be an integer, got {shown(value)}")
     if value < low:
-        raise ValueError(f"{owner}.{name} must be at least {low}, got {value}")
+        raise ValueError(f"{owner}.{name} must be at least {low}, got {shown(value)}")
 
 
 def _bools(owner: str, obj, names: tuple[str, ...]) -> None:
