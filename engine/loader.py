@@ -230,7 +230,7 @@ def _load_tokenizer(path: Path):
     try:
         tokenizer_class = json.loads(
             (path / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         tokenizer_class = None
     try:
         if tokenizer_class in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():

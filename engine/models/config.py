@@ -178,4 +178,19 @@ def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
             params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
         params.setdefault("original_max_position_embeddings",
                           cfg.get("max_position_embeddings", 8192))
+    _check_rope_scaling(params, rope_type,
+                        "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling")
     return theta, {"rope_type": rope_type, **params}
+
+
+def _check_rope_scaling(params: dict[str, Any], rope_type: str, where: str) -> None:
+    """The numbers rotary.py divides by: present, positive, and for llama3 ordered."""
+    kinds = {"factor": "positive"}
+    if rope_type == "llama3":
+        kinds.update(low_freq_factor="positive", high_freq_factor="positive",
+                     original_max_position_embeddings="size")
+    value = {k: _field({f"{where}.{k}": params.get(k)}, f"{where}.{k}", kind)
+             for k, kind in kinds.items()}
+    if rope_type == "llama3" and value["high_freq_factor"] <= value["low_freq_factor"]:
+        raise UnsupportedModelError(f"config.json: {where}.high_freq_factor must be greater "
+                                    "than low_freq_factor")

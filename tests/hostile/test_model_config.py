@@ -12,6 +12,8 @@ import pytest
 from hostile_testutil import assert_one_line_error, digest, write_jsonl
 from safetensors import safe_open
 
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
 BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *words)
     "a list": (None, "must hold a JSON object, got a list"),
     "layers '4'": ({"num_hidden_layers": "4"}, "num_hidden_layers must be an integer >= 1, "
@@ -34,6 +36,16 @@ BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *w
     "rope_parameters a string": ({"rope_parameters": "llama3"}, "must be an object"),
     "rope_theta 'big'": ({"rope_theta": "big", "rope_parameters": None},
                          "rope_theta must be a number > 0"),
+    "linear rope without factor": ({"rope_parameters": {"rope_type": "linear"}},
+                                   "lacks 'rope_parameters.factor'"),
+    "llama3 rope factor '8'": ({"rope_parameters": {**LLAMA3, "factor": "8"}},
+                               "rope_parameters.factor must be a number > 0, got '8'"),
+    "llama3 rope low null": ({"rope_parameters": {**LLAMA3, "low_freq_factor": None}},
+                             "lacks 'rope_parameters.low_freq_factor'"),
+    "llama3 rope high = low": ({"rope_parameters": {**LLAMA3, "high_freq_factor": 1.0}},
+                               "high_freq_factor must be greater than low_freq_factor"),
+    "scaling in rope_scaling": ({"rope_parameters": None, "rope_scaling": {
+        "type": "linear", "factor": -2}}, "rope_scaling.factor must be a number > 0"),
 }
 
 
@@ -58,6 +70,12 @@ def test_a_bad_config_value_names_key_file_and_type(kvscope, tmp_path, model, ca
     before = digest(model)
     assert_one_line_error(run(kvscope, tmp_path, model), str(cfg_file), *words)
     assert digest(model) == before
+
+
+def test_a_config_nested_100k_deep_is_one_line(kvscope, tmp_path, model):
+    cfg_file = model / "config.json"
+    cfg_file.write_text("[" * 100_000 + "]" * 100_000)
+    assert_one_line_error(run(kvscope, tmp_path, model), f"cannot read {cfg_file}")
 
 
 def _shard_index(model: Path, name: str) -> None:
