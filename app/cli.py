@@ -14,12 +14,16 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import os
+import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from kvscope.app import cli_lab
+from kvscope.app.engine_host import cpu_cores, set_engine_threads
 from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine.config import check_text
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -81,7 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a workload headless and print a summary",
                          description="Run a workload file (JSON Lines; see "
                          "resources/workloads/README.md) and print TTFT, TPOT, throughput, "
-                         "hit rates, evictions and preemptions.")
+                         "hit rates, evictions and preemptions.",
+                         epilog="Exit status: 0 when the run completed (rejected requests, if "
+                         "any, are listed with their reasons on stderr); 2 for a bad option, "
+                         "workload or model, and when the engine rejected every request (so "
+                         "nothing ran); 130 when interrupted.")
     run.add_argument("--workload", required=True, metavar="FILE",
                      help="a workload file, or the name of a shipped one: "
                      + ", ".join(shipped_workloads()))
@@ -153,7 +161,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=_positive_int, default=64,
                    help="running requests at most (default 64)")
     g.add_argument("--threads", type=_positive_int, default=None,
-                   help="torch CPU threads (default: torch's)")
+                   help=f"torch CPU threads, 1 to the {cpu_cores()} CPUs this process may use "
+                   "(default: all but one, or OMP_NUM_THREADS if set)")
 
 
 def _positive_int(text: str) -> int:
@@ -204,8 +213,10 @@ def load_engine(args: argparse.Namespace):
     from kvscope.engine import Engine, EngineConfig
     from kvscope.engine.loader import ModelLoadError
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads > cpu_cores():
+        raise CliError(f"--threads {args.threads}: this process may use {cpu_cores()} CPUs; "
+                       f"give 1 to {cpu_cores()}")
+    set_engine_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda: CUDA is not available (this torch build: "
                        f"{torch.__version__})")
@@ -238,7 +249,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("--record-text needs --record FILE")
     path = resolve_workload(args.workload)
     workload = load_workload(path)  # before the model: a bad line fails fast
+    if args.record:
+        check_record_path(Path(args.record), args.overwrite)
     engine = load_engine(args)
+    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     recorder = status = None
     if args.record:
         from kvscope.sessions import Recorder
@@ -248,8 +263,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 overwrite=args.overwrite).start()
         except (OSError, ValueError) as e:
             raise CliError(f"--record: {e}") from None
-    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
-    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     interrupted = False
     try:
         result = runner.run()
@@ -271,7 +284,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     if interrupted:
         print("interrupted: unfinished requests were cancelled")
         return 130
-    return 0
+    return report_rejections([line.outputs[0] for line in result.lines if line.outputs])
+
+
+def report_rejections(outputs) -> int:
+    """Each distinct rejection reason with its count on stderr; 2 when every request was
+    rejected (nothing ran), else 0. `outputs`: one per submitted workload line (its first
+    sample)."""
+    reasons = Counter(o.error or "no reason given" for o in outputs
+                      if o.finish_reason == "rejected")
+    if not reasons:
+        return 0
+    total = sum(reasons.values())
+    nothing_ran = total == len(outputs)
+    head = (f"kvscope: error: all {total} requests were rejected" if nothing_ran
+            else f"kvscope: {total} of {len(outputs)} requests were rejected")
+    if len(reasons) == 1:
+        print(f"{head}: {next(iter(reasons))}", file=sys.stderr)
+    else:
+        print(f"{head}:", file=sys.stderr)
+        for reason, count in reasons.most_common(5):
+            print(f"  {count} x {reason}", file=sys.stderr)
+        if len(reasons) > 5:
+            print(f"  ... and {len(reasons) - 5} other reasons", file=sys.stderr)
+    return 2 if nothing_ran else 0
+
+
+def check_record_path(path: Path, overwrite: bool) -> None:
+    """Refuse a --record path that cannot be written, before the model is loaded: create the
+    file (or open an existing one for writing) and remove what was created."""
+    if path.is_dir():
+        raise CliError(f"--record: {path} is a folder; give a file name")
+    if path.exists():
+        if not overwrite:
+            raise CliError(f"--record: {path} exists (pass --overwrite to replace it)")
+        try:
+            open(path, "r+b").close()  # noqa: SIM115 - only checks the file can be written
+        except OSError as e:
+            raise CliError(f"--record: cannot write {path}: {e.strerror}") from None
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        raise CliError(f"--record: the folder {folder} does not exist")
+    try:
+        open(path, "xb").close()  # noqa: SIM115
+    except OSError as e:
+        raise CliError(f"--record: cannot create {path}: {e.strerror}") from None
+    path.unlink()
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -294,11 +353,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _option_names(message: str) -> str:
+    """'SamplingParams.top_p must ...' -> '--top-p must ...': name the option the user typed."""
+    return re.sub(r"SamplingParams\.(\w+)",
+                  lambda m: "-n" if m[1] == "n" else "--" + m[1].replace("_", "-"), message)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from kvscope.sessions import SessionError, SessionReader
 
     try:  # a bad file is reported here, before any window opens
-        SessionReader(args.session).close()
+        with SessionReader(args.session) as reader:
+            reader.requests()  # the rows the window decodes first
+            reader.steps()
     except SessionError as e:
         raise CliError(str(e)) from None
     from kvscope.app.gui import run_gui
@@ -313,8 +380,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, n=args.n,
                                 stop=args.stop, ignore_eos=args.ignore_eos)
+        for i, prompt in enumerate(args.prompts, 1):
+            check_text(prompt, f"prompt {i}")
+        if args.cache_salt is not None:
+            check_text(args.cache_salt, "--cache-salt")
     except ValueError as e:
-        raise CliError(str(e)) from None
+        raise CliError(_option_names(str(e))) from None
     engine = load_engine(args)
     if engine.tokenizer is None:
         raise CliError(f"model {args.model!r} has no tokenizer: cannot encode text prompts")

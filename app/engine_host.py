@@ -146,11 +146,26 @@ class RequestTable:
             self._finished.append(o.request_id)
 
 
+def cpu_cores() -> int:
+    """The CPUs this process may run on."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+
+
 def engine_threads() -> int:
     """CPU threads for the engine: all cores but one, which the window draws on."""
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-             else os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return max(1, cpu_cores() - 1)
+
+
+def set_engine_threads(threads: int | None = None) -> None:
+    """torch's CPU threads: `threads` if given, else OMP_NUM_THREADS if set (the user's
+    choice wins), else engine_threads()."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(engine_threads())
 
 
 def start(setup: str | os.PathLike | None = None) -> tuple[subprocess.Popen, Connection]:
@@ -273,12 +288,9 @@ class EngineHost:
         return True
 
     def _load(self, model: str, config) -> None:
-        import torch
-
         from kvscope.engine import Engine
 
-        if "OMP_NUM_THREADS" not in os.environ:  # the user's choice wins
-            torch.set_num_threads(engine_threads())
+        set_engine_threads()
         self._set_running(False)
         self._stop_recording()
         try:

@@ -1,10 +1,69 @@
-"""Engine and sampling settings. Torch-free."""
+"""Engine and sampling settings. Torch-free.
+
+Both dataclasses check their fields on construction and raise ValueError with a one-line
+message naming the field, so a bad value from a workload file, the command line or the API is
+refused before a request is queued or a pool is allocated.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from reprlib import Repr
 
 from kvscope.engine.block_pool import EVICTION_POLICIES
+
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
+MODEL_DTYPES = ("float32", "float16", "bfloat16")
+MIN_TEMPERATURE = 1e-6  # below this (but above 0) logits / temperature overflow float32
+MAX_N = 256  # parallel samples per request
+SEED_LIMIT = 2**64  # seeds are in [0, 2**64), torch.Generator's range
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """A finite int or float (not a bool)."""
+    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+_repr = Repr()
+_repr.maxlist = _repr.maxdict = 8
+_repr.maxstring = _repr.maxlong = _repr.maxother = 50
+
+
+def shown(value) -> str:
+    """repr(value) cut short, for messages (a 10,000-id list, a 4,000-digit number)."""
+    try:
+        return _repr.repr(value)
+    except ValueError:  # an int beyond Python's 4,300-digit conversion limit
+        return f"an integer of {value.bit_length()} bits"
+
+
+def check_text(value: str, what: str) -> None:
+    """Refuse text that cannot be encoded as UTF-8 (a lone surrogate, e.g. from a JSON escape
+    "\\ud800" or undecodable command-line bytes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid text: a lone surrogate "
+                         f"{shown(value[e.start])} at character {e.start}") from None
+
+
+def _int_at_least(owner: str, name: str, value, low: int) -> None:
+    if not is_int(value):
+        raise ValueError(f"{owner}.{name} must be an integer, got {shown(value)}")
+    if value < low:
+        raise ValueError(f"{owner}.{name} must be at least {low}, got {shown(value)}")
+
+
+def _bools(owner: str, obj, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise ValueError(f"{owner}.{name} must be true or false, got "
+                             f"{shown(getattr(obj, name))}")
 
 
 @dataclass
@@ -24,14 +83,27 @@ class EngineConfig:
     eviction_policy: str = "lru"  # which cached block is reused first: lru | fifo | lfu
 
     def __post_init__(self):
+        own = "EngineConfig"
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"EngineConfig.{name} must be positive")
-        if self.num_blocks is not None and self.num_blocks <= 0:
-            raise ValueError("EngineConfig.num_blocks must be positive")
+            _int_at_least(own, name, getattr(self, name), 1)
+        if self.num_blocks is not None:
+            _int_at_least(own, "num_blocks", self.num_blocks, 1)
+        _int_at_least(own, "warmup_steps", self.warmup_steps, 0)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"{own}.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)},"
+                             f" got {shown(self.kv_cache_dtype)}")
+        if self.dtype is not None and self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"{own}.dtype must be None or one of {', '.join(MODEL_DTYPES)}, "
+                             f"got {shown(self.dtype)}")
+        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"{own}.device must be 'cpu' or 'cuda', got {shown(self.device)}")
+        if not (is_number(self.gpu_memory_fraction) and 0 < self.gpu_memory_fraction <= 1):
+            raise ValueError(f"{own}.gpu_memory_fraction must be in (0, 1], got "
+                             f"{shown(self.gpu_memory_fraction)}")
+        _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events"))
         if self.eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(f"EngineConfig.eviction_policy must be one of "
-                             f"{', '.join(EVICTION_POLICIES)}, got {self.eviction_policy!r}")
+            raise ValueError(f"{own}.eviction_policy must be one of "
+                             f"{', '.join(EVICTION_POLICIES)}, got {shown(self.eviction_policy)}")
 
 
 DEFAULT_CPU_BLOCKS = 2048
@@ -40,20 +112,39 @@ DEFAULT_CPU_BLOCKS = 2048
 @dataclass
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0: greedy; else at least MIN_TEMPERATURE
     top_k: int = 0  # 0: off
     top_p: float = 1.0
-    seed: int | None = None
-    n: int = 1  # parallel samples sharing the prompt's blocks
-    stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # in [0, 2**64)
+    n: int = 1  # parallel samples sharing the prompt's blocks, 1..MAX_N
+    stop: list[str] = field(default_factory=list)  # a string is taken as a list of one
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError("SamplingParams.max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("SamplingParams.temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("SamplingParams.top_p must be in (0, 1]")
-        if self.top_k < 0 or self.n < 1:
-            raise ValueError("SamplingParams.top_k must be >= 0 and n >= 1")
+        own = "SamplingParams"
+        _int_at_least(own, "max_tokens", self.max_tokens, 1)
+        _int_at_least(own, "top_k", self.top_k, 0)
+        _int_at_least(own, "n", self.n, 1)
+        if self.n > MAX_N:
+            raise ValueError(f"{own}.n must be at most {MAX_N}, got {self.n}")
+        t = self.temperature
+        if not is_number(t) or t < 0:
+            raise ValueError(f"{own}.temperature must be a finite number >= 0, got {shown(t)}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"{own}.temperature must be 0 (greedy) or at least "
+                             f"{MIN_TEMPERATURE:g}, got {shown(t)}")
+        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"{own}.top_p must be in (0, 1], got {shown(self.top_p)}")
+        if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
+            raise ValueError(f"{own}.seed must be None or an integer in [0, 2**64), got "
+                             f"{shown(self.seed)}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list | tuple):
+            raise ValueError(f"{own}.stop must be a list of strings, got {shown(self.stop)}")
+        self.stop = list(self.stop)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"{own}.stop must hold non-empty strings, got {shown(s)}")
+            check_text(s, f"{own}.stop string")
+        _bools(own, self, ("ignore_eos",))

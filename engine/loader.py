@@ -84,9 +84,13 @@ def read_config(path: Path) -> dict[str, Any]:
     if not config_file.is_file():
         raise ModelLoadError(f"no config.json in {path} (not a Hugging Face model folder?)")
     try:
-        return json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise ModelLoadError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{config_file} must hold a JSON object, got a "
+                             f"{type(cfg).__name__}")
+    return cfg
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -96,8 +100,10 @@ def weight_files(path: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:
             raise ModelLoadError(f"cannot read {index}: {e!r}") from None
+        for n in names:
+            _check_shard_inside(path, index, n)
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise ModelLoadError(f"{index.name} lists shards missing from {path}: "
@@ -114,6 +120,23 @@ def weight_files(path: Path) -> list[Path]:
             f"{path} has only pickle checkpoints ({_names(pickles)}), which can run code when "
             "loaded; convert to safetensors first (kvscope loads *.safetensors only)")
     raise ModelLoadError(f"no *.safetensors weight files in {path}")
+
+
+def _check_shard_inside(path: Path, index: Path, name) -> None:
+    """A shard named by the index must be a plain file name or relative path that stays in
+    the model folder, also after symlinks (the Hugging Face cache's links into its own
+    ``blobs`` folder excepted)."""
+    if not isinstance(name, str) or not name:
+        raise ModelLoadError(f"{index}: a shard name must be a non-empty string, got {name!r}")
+    if os.path.isabs(name) or ".." in Path(name).parts:
+        raise ModelLoadError(f"{index} points outside the model folder: {name!r} (refused)")
+    target = (path / name).resolve()
+    roots = [path.resolve()]
+    if path.parent.name == "snapshots":  # <cache>/models--org--name/snapshots/<revision>
+        roots.append((path.parent.parent / "blobs").resolve())
+    if not any(target.is_relative_to(r) for r in roots):
+        raise ModelLoadError(f"{index}: shard {name!r} is a link to {target}, outside the model "
+                             "folder (refused)")
 
 
 def _read_header(fh) -> tuple[bytes, bytes]:
@@ -207,7 +230,7 @@ def _load_tokenizer(path: Path):
     try:
         tokenizer_class = json.loads(
             (path / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         tokenizer_class = None
     try:
         if tokenizer_class in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():

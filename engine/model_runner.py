@@ -35,6 +35,32 @@ class SeqChunk:
     want_logits: bool = True  # return logits for the last new token
 
 
+def available_memory(device: torch.device) -> int:
+    """Bytes a new tensor can take now: free device memory on CUDA, available RAM elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_pool_fits(num_blocks: int, block_size: int, bytes_per_token: int,
+                    device: torch.device) -> None:
+    """Refuse, before allocating, a KV pool larger than the memory there is."""
+    need = num_blocks * block_size * bytes_per_token
+    have = available_memory(device)
+    if need > have:
+        raise ValueError(
+            f"the KV pool needs {_gib(need)} ({num_blocks} blocks x {block_size} tokens x "
+            f"{bytes_per_token} bytes per token) but only {_gib(have)} of "
+            f"{'GPU memory is free' if device.type == 'cuda' else 'memory is available'}: "
+            "use fewer blocks or a smaller block size")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**27 else f"{n / 2**20:,.1f} MiB"
+
+
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
@@ -49,11 +75,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.cache_dtype = kernels.kv_cache_dtype_of(kv_cache_dtype, self.model_dtype)
+        self.kv_bytes_per_token = (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
+                                   * self.cache_dtype.itemsize)
+        check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device)
         self.kv_cache = torch.zeros(
             cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
             dtype=self.cache_dtype, device=self.device)
-        self.kv_bytes_per_token = (self.kv_cache.numel() * self.kv_cache.element_size()
-                                   // (num_blocks * block_size))
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False

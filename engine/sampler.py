@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvscope.engine.config import SamplingParams
+from kvscope.engine.config import SEED_LIMIT, SamplingParams
 
 
 def make_generator(params: SamplingParams, salt: int = 0) -> torch.Generator | None:
@@ -12,7 +12,7 @@ def make_generator(params: SamplingParams, salt: int = 0) -> torch.Generator | N
     if params.temperature == 0:
         return None
     g = torch.Generator()
-    g.manual_seed((params.seed if params.seed is not None else torch.seed()) + salt)
+    g.manual_seed(((params.seed if params.seed is not None else torch.seed()) + salt) % SEED_LIMIT)
     return g
 
 

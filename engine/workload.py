@@ -13,15 +13,16 @@ or a request::
 
 Request keys (only ``prompt`` or ``prompt_ids`` is required):
 
-- ``arrival_s`` (number >= 0, default 0): when to submit, in seconds from the start of the run.
-  Lines need not be sorted; ties keep file order.
+- ``arrival_s`` (number in [0, 604800], a week; default 0): when to submit, in seconds from
+  the start of the run. Lines need not be sorted; ties keep file order.
 - ``prompt`` (text) or ``prompt_ids`` (a list of token ids), exactly one of them. Text is encoded
   with the model's tokenizer (which adds its BOS token, if any).
 - ``prefix``: the name of a prefix defined on an earlier line. The prompt becomes the prefix's
   text followed by the prompt (text + text is joined before encoding; with ``prompt_ids`` the
   encoded prefix is followed by the ids).
 - sampling: ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``n``, ``stop`` (a
-  string or a list of strings), ``ignore_eos``; defaults are ``SamplingParams``'s.
+  string or a list of non-empty strings), ``ignore_eos``; defaults and ranges are
+  ``SamplingParams``'s.
 - ``cache_salt`` (string): the tenant / trust domain; prefixes are never shared across salts.
 - ``id`` (string or integer): a name other lines can refer to; unique in the file.
 - ``follows``: the ``id`` of an earlier line. This request is submitted only once that one has
@@ -50,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 
-from kvscope.engine.config import SamplingParams
+from kvscope.engine.config import SamplingParams, check_text, is_int, is_number, shown
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.snapshot import HitRates
 
@@ -122,6 +123,10 @@ def parse_workload(lines: str | Iterable[str], source: str = "<workload>") -> Wo
             obj = json.loads(stripped)
         except json.JSONDecodeError as e:
             raise fail(f"bad JSON: {e.msg} (column {e.colno})") from None
+        except RecursionError:
+            raise fail("bad JSON: nested too deeply") from None
+        except ValueError as e:  # e.g. an integer literal of more than 4300 digits
+            raise fail(f"bad JSON: {str(e).splitlines()[0]}") from None
         if not isinstance(obj, dict):
             raise fail(f"expected a JSON object, got {type(obj).__name__}")
         if "define_prefix" in obj:
@@ -149,37 +154,38 @@ def _parse_prefix(obj: dict, prefixes: dict[str, str], fail) -> tuple[str, str]:
         raise fail(f"prefix {name!r} is defined twice")
     if not isinstance(text, str) or not text:
         raise fail(f"prefix {name!r} needs a non-empty string 'text'")
+    try:
+        check_text(text, f"prefix {name!r}")
+    except ValueError as e:
+        raise fail(str(e)) from None
     return name, text
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+MAX_ARRIVAL_S = 7 * 24 * 3600.0  # a week: later arrivals are typos (or 1e300)
+TOKEN_ID_LIMIT = 2**63  # token ids are int64 in the engine
 
 
-def _is_number(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def _is_token_ids(v) -> bool:
+    return isinstance(v, list) and all(is_int(t) and 0 <= t < TOKEN_ID_LIMIT for t in v)
 
 
-_CHECKS = {  # key -> (test, what it must be)
-    "max_tokens": (_is_int, "an integer"),
-    "top_k": (_is_int, "an integer"),
-    "n": (_is_int, "an integer"),
-    "temperature": (_is_number, "a number"),
-    "top_p": (_is_number, "a number"),
-    "seed": (lambda v: v is None or _is_int(v), "an integer or null"),
-    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
-    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list)
-                                              and all(isinstance(s, str) and s for s in v)),
-             "a string or a list of non-empty strings"),
-    "arrival_s": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+_CHECKS = {  # request key -> (test, what it must be); sampling keys: SamplingParams checks
+    "arrival_s": (lambda v: is_number(v) and 0 <= v <= MAX_ARRIVAL_S,
+                  f"a number of seconds in [0, {MAX_ARRIVAL_S:.0f}]"),
     "prompt": (lambda v: isinstance(v, str), "a string"),
-    "prompt_ids": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
-                   "a list of non-negative integer token ids"),
+    "prompt_ids": (_is_token_ids, "a list of integer token ids in [0, 2**63)"),
     "prefix": (lambda v: isinstance(v, str), "a string"),
     "cache_salt": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "id": (lambda v: isinstance(v, str) or _is_int(v), "a string or an integer"),
-    "follows": (lambda v: isinstance(v, str) or _is_int(v), "a string or an integer"),
+    "id": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
+    "follows": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
 }
+
+
+def _check_texts(obj: dict) -> None:
+    for key, value in obj.items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                check_text(text, key)
 
 
 def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[str],
@@ -188,19 +194,17 @@ def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[st
     if unknown:
         raise fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(REQUEST_KEYS)})")
     for key, value in obj.items():
-        test, what = _CHECKS[key]
-        if not test(value):
-            raise fail(f"{key} must be {what}, got {json.dumps(value)}")
+        test, what = _CHECKS.get(key, (None, ""))
+        if test is not None and not test(value):
+            raise fail(f"{key} must be {what}, got {shown(value)}")
     if ("prompt" in obj) == ("prompt_ids" in obj):
         raise fail("a request needs exactly one of 'prompt' (text) or 'prompt_ids'"
                    if "prompt" in obj else "missing 'prompt' (or 'prompt_ids')")
-    sampling = {k: obj[k] for k in SAMPLING_KEYS if k in obj}
-    if isinstance(sampling.get("stop"), str):
-        sampling["stop"] = [sampling["stop"]]
     try:
-        params = SamplingParams(**sampling)
+        _check_texts(obj)
+        params = SamplingParams(**{k: obj[k] for k in SAMPLING_KEYS if k in obj})
     except ValueError as e:
-        raise fail(str(e)) from None
+        raise fail(str(e).removeprefix("SamplingParams.")) from None
     req = WorkloadRequest(lineno, params, float(obj.get("arrival_s", 0.0)), obj.get("prompt"),
                           obj.get("prompt_ids"), obj.get("prefix"),
                           cache_salt=obj.get("cache_salt"))
@@ -283,11 +287,15 @@ class WorkloadRunner:
         self._final: dict[int, RequestOutput] = {}  # request id -> its last (finished) output
         self._samples: dict[int, list[int]] = {}  # a line's request id -> every sample's id
         self._num_done = 0
-        if getattr(engine, "tokenizer", None) is None:
-            for r in workload.requests:
-                if r.needs_tokenizer:
-                    raise WorkloadError(f"{workload.source}:{r.line}: the model has no "
-                                        "tokenizer; use prompt_ids and no prefix")
+        vocab = engine.loaded.config.vocab_size
+        for r in workload.requests:
+            if r.needs_tokenizer and engine.tokenizer is None:
+                raise WorkloadError(f"{workload.source}:{r.line}: the model has no "
+                                    "tokenizer; use prompt_ids and no prefix")
+            beyond = [t for t in r.prompt_ids or () if t >= vocab]
+            if beyond:
+                raise WorkloadError(f"{workload.source}:{r.line}: token id {beyond[0]} in "
+                                    f"prompt_ids is beyond the model's vocabulary of {vocab}")
 
     @property
     def total(self) -> int:

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine.config import shown
 from kvscope.engine.events import Event, EventKind
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
@@ -42,6 +44,7 @@ from kvscope.sessions.replay import PoolReplay
 from kvscope.sessions.schema import TOTALS
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+_COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict}
 
 
 @dataclass
@@ -190,24 +193,30 @@ class SessionReader:
         conn = self._conn
         conn.row_factory = sqlite3.Row
         row = conn.execute("SELECT * FROM session WHERE id = 1").fetchone()
+        conn.row_factory = None
         if row is None:
             raise CorruptSessionError(f"{self.path}: damaged session: no metadata row")
-        if row["schema_version"] > schema.SCHEMA_VERSION:
+        columns = row.keys()  # (`in row` would search the values of a sqlite3.Row)
+        missing = [f.name for f in fields(SessionMeta) if f.name not in columns]
+        if missing:
+            raise CorruptSessionError(f"{self.path}: damaged session: the metadata lacks "
+                                      f"{', '.join(missing)}")
+        d = {f.name: row[f.name] for f in fields(SessionMeta)}
+        d["engine_config"] = self._json(d["engine_config"] or "{}", "metadata engine_config")
+        d["machine"] = self._json(d["machine"] or "{}", "metadata machine")
+        if d["recorder_stats"]:
+            d["recorder_stats"] = self._json(d["recorder_stats"], "metadata recorder_stats")
+        self._check_types(SessionMeta, d, "metadata")
+        if d["schema_version"] > schema.SCHEMA_VERSION:
             raise NewerSchemaError(
-                f"{self.path}: written with session schema version {row['schema_version']}; "
+                f"{self.path}: written with session schema version {d['schema_version']}; "
                 f"this kvscope reads versions up to {schema.SCHEMA_VERSION} (upgrade kvscope)")
-        self.meta = SessionMeta(
-            schema_version=row["schema_version"], kvscope_version=row["kvscope_version"],
-            model_name=row["model_name"], model_fingerprint=row["model_fingerprint"],
-            engine_config=json.loads(row["engine_config"] or "{}"),
-            block_size=row["block_size"], num_blocks=row["num_blocks"],
-            machine=json.loads(row["machine"] or "{}"), device=row["device"],
-            started_at=row["started_at"], monotonic_t0=row["monotonic_t0"],
-            record_text=bool(row["record_text"]), keyframe_every=row["keyframe_every"],
-            complete=bool(row["complete"]), closed_at=row["closed_at"],
-            recorder_stats=json.loads(row["recorder_stats"]) if row["recorder_stats"] else None)
-        conn.row_factory = None
-        self._policy = str(self.meta.engine_config.get("eviction_policy", "lru"))
+        d["record_text"], d["complete"] = bool(d["record_text"]), bool(d["complete"])
+        self.meta = SessionMeta(**d)
+        self._policy = self.meta.engine_config.get("eviction_policy", "lru")
+        if self._policy not in EVICTION_POLICIES:
+            raise CorruptSessionError(f"{self.path}: damaged session: unknown eviction policy "
+                                      f"{shown(self._policy)} in the metadata")
         index = conn.execute("SELECT step, captured FROM steps ORDER BY step").fetchall()
         self._steps = [r[0] for r in index]
         self._captured = {r[0] for r in index if r[1]}
@@ -261,7 +270,9 @@ class SessionReader:
         out = []
         for r in rows:
             d = dict(zip(names, r, strict=True))
-            d["params"] = json.loads(d["params"] or "{}")
+            where = f"request {d['request_id']}"
+            d["params"] = self._json(d["params"] or "{}", f"{where} params")
+            self._check_types(RecordedRequest, d, where)
             out.append(RecordedRequest(**d))
         return out
 
@@ -278,10 +289,32 @@ class SessionReader:
         out = []
         for r in rows:
             d = dict(zip((f.name for f in known), r, strict=True))
+            self._check_types(StepRecord, d, f"step {d['step']}")
             for b in bools:
                 d[b] = bool(d[b])
             out.append(StepRecord(**d))
         return out
+
+    def _json(self, text, where: str):
+        try:
+            return json.loads(text)
+        except (ValueError, TypeError, RecursionError):
+            raise CorruptSessionError(f"{self.path}: damaged session: {where} is not valid "
+                                      "JSON") from None
+
+    def _check_types(self, cls, values: dict, where: str) -> None:
+        """Refuse a row whose values lack the types `cls` declares (NULL where a value is
+        required, text where a number is), naming the field."""
+        for f in fields(cls):
+            if f.name not in values:
+                continue
+            v, kinds = values[f.name], str(f.type).split(" | ")
+            if v is None and "None" in kinds:
+                continue
+            if not any(isinstance(v, _COLUMN_TYPES.get(k, ())) and not isinstance(v, bool)
+                       for k in kinds):
+                raise CorruptSessionError(f"{self.path}: damaged session: {where}: {f.name} is "
+                                          f"{shown(v)}, expected {f.type}")
 
     def step_table(self) -> tuple[list[str], list[tuple]]:
         """Every column of the steps table except the internal ones: (names, rows)."""

@@ -207,21 +207,40 @@ def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     return row
 
 
+def _inflate(blob: bytes, size: int, name: str) -> bytearray:
+    """zlib-decompress `blob`, which must inflate to exactly `size` bytes (what the keyframe's
+    layout implies): a damaged or hostile blob is refused after at most `size` + 1 bytes."""
+    d = zlib.decompressobj()
+    out = bytearray(d.decompress(blob, size + 1))  # writable, no extra copy
+    if len(out) != size or not d.eof:
+        raise ValueError(f"keyframe {name} does not inflate to the {size} bytes its layout "
+                         "gives")
+    return out
+
+
 def decode_keyframe(row: dict) -> Snapshot:
     if row["codec"] != "zlib":
         raise ValueError(f"unknown keyframe codec {row['codec']!r}")
     layout = json.loads(row["layout"])
+    num_blocks = row["num_blocks"]
     arrays = {}
     for name in KEYFRAME_ARRAYS:
         if name not in layout:  # an array added after the file was written
             continue
         dtype, shape = layout[name]
-        raw = bytearray(zlib.decompress(row[name]))  # writable, no extra copy
-        arrays[name] = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape) \
-            .astype(np.dtype(dtype).newbyteorder("="), copy=False)
+        dtype = np.dtype(dtype)
+        if list(shape) != [num_blocks]:
+            raise ValueError(f"keyframe array {name} has shape {shape}, expected "
+                             f"[{num_blocks}] (the keyframe's number of blocks)")
+        raw = _inflate(row[name], num_blocks * dtype.itemsize, name)
+        arrays[name] = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="),
+                                                              copy=False)
     ids = np.frombuffer(row["table_ids"], dtype="<i8")
     lens = np.frombuffer(row["table_lens"], dtype="<i8")
-    blocks = np.frombuffer(zlib.decompress(row["table_blocks"]), dtype="<i4")
+    if lens.size and (lens.min() < 0 or lens.max() > num_blocks):
+        raise ValueError("keyframe block tables have impossible lengths")
+    blocks = np.frombuffer(_inflate(row["table_blocks"], int(lens.sum()) * 4, "table_blocks"),
+                           dtype="<i4")
     ends = np.cumsum(lens)
     tables = {int(r): blocks[e - n:e].astype(np.int32) for r, n, e in zip(ids, lens, ends,
                                                                            strict=True)}

@@ -162,7 +162,7 @@ def test_other_user_errors_exit_2(capsys):
         err = one_line_error(capsys, ["generate", "--device", "cuda", "hi"])
         assert "CUDA is not available" in err
     err = one_line_error(capsys, ["generate", "--top-p", "0", "hi"])
-    assert "top_p" in err
+    assert "--top-p" in err
     with pytest.raises(SystemExit) as info:
         cli.main(["run", "--workload", "two_tenants", "--num-blocks", "0"])
     assert info.value.code == 2

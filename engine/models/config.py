@@ -7,8 +7,11 @@ Qwen3's per-head q/k RMSNorm) become plain flags here, so the model code has no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvscope.engine.config import shown
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -21,6 +24,33 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 class UnsupportedModelError(ValueError):
     """config.json describes a model our forward pass cannot run (one-line message)."""
+
+
+_MISSING = object()
+
+
+def _field(cfg: dict[str, Any], key: str, kind: str, default: Any = _MISSING) -> Any:
+    """cfg[key] checked against `kind`: "size" (an integer >= 1), "positive" (a finite number
+    > 0), "token" (an integer >= 0). A missing key (or null) gives `default`."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise UnsupportedModelError(f"config.json lacks {key!r}")
+        return default
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    ok = {"size": is_int and value >= 1, "token": is_int and value >= 0,
+          "positive": (is_int or isinstance(value, float)) and 0 < value < math.inf}[kind]
+    if not ok:
+        what = {"size": "an integer >= 1", "token": "a token id (an integer >= 0)",
+                "positive": "a number > 0"}[kind]
+        raise UnsupportedModelError(f"config.json: {key} must be {what}, got {shown(value)}")
+    return value
+
+
+def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return tuple(_field({"eos_token_id": t}, "eos_token_id", "token") for t in ids)
 
 
 @dataclass(frozen=True)
@@ -54,6 +84,9 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         archs = cfg.get("architectures") or []
+        if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+            raise UnsupportedModelError(f"config.json: architectures must be a list of names, "
+                                        f"got {shown(archs)}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             found = ", ".join(archs) if archs else "none listed in config.json"
@@ -64,8 +97,16 @@ class ModelConfig:
         if act != "silu":
             raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
 
-        num_heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
+        num_heads = _field(cfg, "num_attention_heads", "size")
+        hidden = _field(cfg, "hidden_size", "size")
+        num_kv_heads = _field(cfg, "num_key_value_heads", "size", num_heads)
+        if num_heads % num_kv_heads:
+            raise UnsupportedModelError(f"config.json: num_attention_heads ({num_heads}) is not "
+                                        f"a multiple of num_key_value_heads ({num_kv_heads})")
+        head_dim = _field(cfg, "head_dim", "size", hidden // num_heads)
+        if not head_dim:
+            raise UnsupportedModelError(f"config.json: hidden_size ({hidden}) is smaller than "
+                                        f"num_attention_heads ({num_heads})")
         theta, rope_scaling = _parse_rope(cfg)
 
         qkv_bias = o_bias = mlp_bias = qk_norm = False
@@ -74,31 +115,29 @@ class ModelConfig:
             qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
             mlp_bias = bool(cfg.get("mlp_bias", False))
         elif arch == "MistralForCausalLM":
-            sliding_window = cfg.get("sliding_window")
+            sliding_window = _field(cfg, "sliding_window", "size", None)
         elif arch == "Qwen2ForCausalLM":
             qkv_bias = True
             if cfg.get("use_sliding_window"):
-                sliding_window = cfg.get("sliding_window")
+                sliding_window = _field(cfg, "sliding_window", "size", None)
         elif arch == "Qwen3ForCausalLM":
             qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
             qk_norm = True
             if cfg.get("use_sliding_window"):
-                sliding_window = cfg.get("sliding_window")
+                sliding_window = _field(cfg, "sliding_window", "size", None)
 
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
             architecture=arch,
-            vocab_size=cfg["vocab_size"],
+            vocab_size=_field(cfg, "vocab_size", "size"),
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            intermediate_size=_field(cfg, "intermediate_size", "size"),
+            num_layers=_field(cfg, "num_hidden_layers", "size"),
             num_heads=num_heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=cfg.get("head_dim") or hidden // num_heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(_field(cfg, "rms_norm_eps", "positive", 1e-6)),
             rope_theta=theta,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=_field(cfg, "max_position_embeddings", "size", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
             qkv_bias=qkv_bias,
@@ -107,8 +146,8 @@ class ModelConfig:
             qk_norm=qk_norm,
             sliding_window=sliding_window,
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            bos_token_id=_field(cfg, "bos_token_id", "token", None),
+            eos_token_ids=_eos_ids(cfg),
         )
 
 
@@ -118,8 +157,13 @@ def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     transformers >= 5 writes ``rope_parameters: {rope_theta, rope_type, ...}``; older
     checkpoints have a top-level ``rope_theta`` and ``rope_scaling: {type|rope_type, ...}``.
     """
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise UnsupportedModelError(f"config.json: rope_parameters / rope_scaling must be an "
+                                    f"object, got {shown(params)}")
+    params = dict(params)
+    theta = params.pop("rope_theta", cfg.get("rope_theta"))
+    theta = float(_field({"rope_theta": theta}, "rope_theta", "positive", 10000.0))
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -134,4 +178,19 @@ def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
             params["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
         params.setdefault("original_max_position_embeddings",
                           cfg.get("max_position_embeddings", 8192))
+    _check_rope_scaling(params, rope_type,
+                        "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling")
     return theta, {"rope_type": rope_type, **params}
+
+
+def _check_rope_scaling(params: dict[str, Any], rope_type: str, where: str) -> None:
+    """The numbers rotary.py divides by: present, positive, and for llama3 ordered."""
+    kinds = {"factor": "positive"}
+    if rope_type == "llama3":
+        kinds.update(low_freq_factor="positive", high_freq_factor="positive",
+                     original_max_position_embeddings="size")
+    value = {k: _field({f"{where}.{k}": params.get(k)}, f"{where}.{k}", kind)
+             for k, kind in kinds.items()}
+    if rope_type == "llama3" and value["high_freq_factor"] <= value["low_freq_factor"]:
+        raise UnsupportedModelError(f"config.json: {where}.high_freq_factor must be greater "
+                                    "than low_freq_factor")
