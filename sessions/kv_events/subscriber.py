@@ -138,8 +138,8 @@ class Attachment:
 
     # ------------------------------------------------------------------ replay
     def _replay_from(self, start: int, until: int | None = None) -> int:
-        """Apply what the replay endpoint returns from `start` on; count the batches in
-        start..until (all of them when until is None) that it returned."""
+        """Apply what the replay endpoint returns from `start` on (up to `until`); returns the
+        number of batches applied."""
         dealer = self.ctx.socket(zmq.DEALER)  # one per request: no stale replies after a timeout
         dealer.setsockopt(zmq.LINGER, 0)
         got = 0
@@ -163,9 +163,11 @@ class Attachment:
                 if frames[0] == END_SEQ:
                     break
                 seq = int.from_bytes(frames[0], "big")
-                if seq > self.last and self._apply(seq, frames[1]):
+                # On a gap, batches after it are left to the live stream, which has them.
+                if self.last < seq and (until is None or seq <= until) and \
+                        self._apply(seq, frames[1]):
                     self.health.replayed += 1
-                    got += until is None or seq <= until
+                    got += 1
         except zmq.ZMQError as e:
             self.health.note(f"replay from {self.replay} failed: {e}")
         finally:

@@ -107,9 +107,11 @@ class FakePublisher:
         self.ctx.term()
 
 
-def drain(attachment, until_seq: int, timeout_s: float = 5.0) -> None:
-    """Poll until the attachment has applied until_seq (bounded)."""
+def drain(attachment, until_seq: int, messages: int = 0, timeout_s: float = 5.0) -> None:
+    """Poll until the attachment has applied until_seq and received `messages` live messages."""
     deadline = time.monotonic() + timeout_s
-    while attachment.last < until_seq and time.monotonic() < deadline:
+    while (attachment.last < until_seq or attachment.num_messages < messages) and \
+            time.monotonic() < deadline:
         attachment.poll(20)
     assert attachment.last >= until_seq, f"applied up to {attachment.last}, wanted {until_seq}"
+    assert attachment.num_messages >= messages
