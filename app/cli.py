@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvscope.app import cli_attach
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--echo", action="store_true", help="print the prompt before the output")
     _engine_options(gen)
     gen.set_defaults(func=cmd_generate)
+    cli_attach.add_parser(sub)
     return parser
 
 

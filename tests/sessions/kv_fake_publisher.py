@@ -72,6 +72,12 @@ class FakePublisher:
             raise TimeoutError("no subscriber joined")
         self.pub.recv()
 
+    def wait_replay_requests(self, n: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.replay_requests) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.replay_requests) >= n, self.replay_requests
+
     def send(self, seq: int, payload: bytes, *, live: bool = True, keep: bool = True) -> None:
         """live: send on PUB; keep: put in the replay buffer."""
         if keep:
@@ -90,9 +96,9 @@ class FakePublisher:
             client, empty, start = self.router.recv_multipart()
             assert empty == b"" and len(start) == 8
             start_seq = int.from_bytes(start, "big")
-            self.replay_requests.append(start_seq)
             with self._lock:
                 items = [(s, p) for s, p in self.buffer if s >= start_seq]
+            self.replay_requests.append(start_seq)  # after the buffer was read
             for seq, payload in items:
                 head = [client, b""] + ([self.topic] if self.replay_layout == "new" else [])
                 self.router.send_multipart(head + [seq.to_bytes(8, "big"), payload])

@@ -1,0 +1,72 @@
+"""`kvscope attach`: mirror a vLLM or SGLang server's prefix cache from its KV events.
+
+    kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] --headless --duration S
+
+Headless: listen for S seconds, then print the mirror's summary and health. A bad address is
+an error (exit 2); an endpoint that sends nothing, or sends something that is not KV events, is
+reported at the end (exit 2 when nothing usable arrived) and never stops the listening early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("attach", help="mirror a vLLM/SGLang server's KV cache from its events",
+                       description="Subscribe to a vLLM or SGLang server's KV-cache events "
+                       "(--kv-events-config with publisher zmq) and rebuild its prefix cache.")
+    p.add_argument("endpoint", metavar="ENDPOINT", help="the PUB endpoint, e.g. "
+                   "tcp://HOST:5557 (data-parallel rank r publishes on port + r)")
+    p.add_argument("--replay", metavar="ENDPOINT", default=None,
+                   help="the replay endpoint, e.g. tcp://HOST:5558: history on attach and "
+                   "missed batches on every sequence gap")
+    p.add_argument("--topic", default="", help="the server's topic (default: all)")
+    p.add_argument("--headless", action="store_true",
+                   help="no window: listen for --duration seconds, print summary and health")
+    p.add_argument("--duration", type=_seconds, default=10.0, metavar="S",
+                   help="with --headless: seconds to listen (default 10)")
+    p.set_defaults(func=cmd_attach)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    if not args.headless:
+        print("kvscope: error: attaching in the window is not available yet; use --headless "
+              "[--duration S]", file=sys.stderr)
+        return 2
+    from kvscope.sessions.kv_events import Attachment
+
+    try:
+        attachment = Attachment(args.endpoint, args.replay, args.topic)
+    except ValueError as e:
+        print(f"kvscope: error: {e}", file=sys.stderr)
+        return 2
+    print(f"kvscope attach: {args.endpoint}" + (f", replay {args.replay}" if args.replay else "")
+          + f", listening {args.duration:g} s", flush=True)
+    try:
+        attachment.start()
+        attachment.run(args.duration)
+    except KeyboardInterrupt:
+        print("interrupted")
+    finally:
+        attachment.close()
+    mirror = attachment.mirror
+    usable = mirror.health.first_seq is not None
+    if not usable:
+        print(f"kvscope: no KV events from {args.endpoint} in {args.duration:g} s "
+              f"({attachment.num_messages} messages, {mirror.health.bad_messages} not KV "
+              "events): is the server publishing (--kv-events-config with \"publisher\": "
+              "\"zmq\"), and are the address and topic right?", file=sys.stderr)
+    print(mirror.summary())
+    return 0 if usable else 2
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 s and at most a week, got {text}")
+    return value
