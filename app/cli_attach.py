@@ -1,6 +1,7 @@
 """`kvscope attach`: mirror a vLLM or SGLang server's prefix cache from its KV events.
 
     kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] --headless --duration S
+                   [--hash-check sha256 [--hash-seed SEED]]
 
 Headless: listen for S seconds, then print the mirror's summary and health. A bad address is
 an error (exit 2); an endpoint that sends nothing, or sends something that is not KV events, is
@@ -23,6 +24,13 @@ def add_parser(sub) -> None:
                    help="the replay endpoint, e.g. tcp://HOST:5558: history on attach and "
                    "missed batches on every sequence gap")
     p.add_argument("--topic", default="", help="the server's topic (default: all)")
+    p.add_argument("--hash-check", choices=("sha256", "sha256_cbor"), default=None,
+                   metavar="ALGO", help="recompute block hashes from the published token ids "
+                   "with the server's --prefix-caching-hash-algo (sha256 or sha256_cbor) and "
+                   "flag the blocks that differ")
+    p.add_argument("--hash-seed", default="vllm-none-hash", metavar="SEED",
+                   help="with --hash-check: the server's PYTHONHASHSEED (default: vLLM's fixed "
+                   "seed, vllm-none-hash)")
     p.add_argument("--headless", action="store_true",
                    help="no window: listen for --duration seconds, print summary and health")
     p.add_argument("--duration", type=_seconds, default=10.0, metavar="S",
@@ -35,10 +43,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
         print("kvscope: error: attaching in the window is not available yet; use --headless "
               "[--duration S]", file=sys.stderr)
         return 2
-    from kvscope.sessions.kv_events import Attachment
+    from kvscope.sessions.kv_events import Attachment, Mirror
+    from kvscope.sessions.kv_events.parity import HashParity, HashSettings
 
+    parity = (HashParity(HashSettings(args.hash_check, args.hash_seed)) if args.hash_check
+              else None)
     try:
-        attachment = Attachment(args.endpoint, args.replay, args.topic)
+        attachment = Attachment(args.endpoint, args.replay, args.topic, Mirror(parity))
     except ValueError as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2

@@ -57,7 +57,8 @@ class Health:
 
 
 class Mirror:
-    def __init__(self):
+    def __init__(self, parity=None):
+        self.parity = parity  # a HashParity that checks every store, or None
         self.blocks: dict[tuple, list] = {}  # key -> [refs, parent hash, block_size, identity]
         self._where: Counter = Counter()  # (rank, group, hash) -> keys holding it (any medium)
         self.num_stored = 0  # block stores applied (duplicates included)
@@ -80,6 +81,8 @@ class Mirror:
     def _store(self, rank: int, e: Stored) -> None:
         blocks, where, group, medium = self.blocks, self._where, e.group, e.medium
         identity = (e.lora_name, e.cache_salt)
+        if self.parity is not None:
+            self.parity.check(e)
         parent = e.parent
         if parent is not None and not where[(rank, group, parent)]:
             self.health.orphans += 1
@@ -166,6 +169,8 @@ class Mirror:
             lines.append(f"  removals: {self.num_removed} over {len(self.evictions)} s "
                          f"(busiest second: {max(self.evictions.values())}); "
                          f"cleared: {self.num_cleared}")
+        if self.parity is not None:
+            lines += self.parity.lines()
         lines.append("health:")
         lines += [f"  {line}" for line in self.health.lines()]
         lines += [f"  note: {n}" for n in self.health.notes]

@@ -39,6 +39,7 @@ class Stored:
     lora_name: str | None = None
     cache_salt: str | None = None  # SGLang's metadata
     spec_kind: str | None = None  # full_attention, sliding_window, mamba, ...
+    extra_keys: list | None = None  # per block, as hashed (vLLM >= 0.11 publishes them)
 
 
 @dataclass(slots=True)
@@ -102,9 +103,10 @@ def _event(raw):
         meta = f.get("metadata", name if isinstance(name, dict) else None)
         if isinstance(meta, dict):  # SGLang: {"cache_salt": ...}
             name, salt = None, meta.get("cache_salt")
+        extra = f.get("extra_keys")
         return Stored(hashes, parent, tokens, size, _medium(f), _group(f),
                       name if isinstance(name, str) else None, salt,
-                      f.get("kv_cache_spec_kind"))
+                      f.get("kv_cache_spec_kind"), extra if isinstance(extra, list) else None)
     if tag == REMOVED:
         f = _fields(raw, _REMOVED_FIELDS)
         return Removed(_hashes(f.get("block_hashes")), _medium(f), _group(f))

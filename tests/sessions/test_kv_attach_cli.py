@@ -17,7 +17,7 @@ def test_headless_attach_prints_summary_health_and_the_counts_line():
         fake.send(0, batch([stored([1, 2, 3], None)]), live=False)  # history: replay only
         fake.send(1, batch([stored([4], 3)]), live=False)
         proc = run_attach(fake.endpoint, "--replay", fake.replay_endpoint, "--headless",
-                          "--duration", "3")
+                          "--duration", "3", "--hash-check", "sha256")
         fake.wait_subscribed(timeout_s=10)
         fake.wait_replay_requests(1)  # its history was read: what follows is live
         fake.send(2, batch([removed([1])]))
@@ -33,6 +33,7 @@ def test_headless_attach_prints_summary_health_and_the_counts_line():
     assert lines[-1] == ("blocks stored: 6, removed: 1, resident: 5, gaps: 1, repaired: 1, "
                          "orphans: 1, restarts: 0")
     assert "dp rank 0, KV group 0, GPU: 5 blocks, 20 tokens, 2 chain roots" in out
+    assert "hash parity (sha256, seed given): 0 blocks match, 1 differ" in out  # fake hashes
     assert "bad messages: 1" in out and "sequence 3: payload is not a KV-event batch" in out
 
 
