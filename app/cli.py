@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvscope.app import cli_attach
+from kvscope.app import cli_attach, cli_serve
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(gen)
     gen.set_defaults(func=cmd_generate)
     cli_attach.add_parser(sub)
+    cli_serve.add_parser(sub)
     return parser
 
 

@@ -5,6 +5,8 @@ import sys
 
 from kv_fake_publisher import FakePublisher, batch, removed, stored
 
+from kvscope.sessions.kv_events import Attachment
+
 
 def run_attach(*args, timeout=30):
     return subprocess.Popen([sys.executable, "-m", "kvscope.app", "attach", *args],
@@ -50,3 +52,29 @@ def test_bad_address_and_window_mode_exit_2_with_one_line():
         proc = run_attach(*args)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_kvscope_serve_publishes_what_kvscope_attach_mirrors():
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "kvscope.app", "serve", "--kv-events", "tcp://127.0.0.1:*",
+         "--kv-events-replay", "tcp://127.0.0.1:*", "--workload", "eviction_pressure",
+         "--num-blocks", "48", "--block-size", "4", "--wait", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [serve.stdout.readline() for _ in range(2)]
+        assert lines[1].startswith("publishing KV events on "), lines
+        endpoint, replay = (w.rstrip(",") for w in lines[1].split()[4::3])
+        att = Attachment(endpoint, replay, replay_timeout_s=5.0).start()
+        while serve.poll() is None:
+            att.poll(50)
+        att.poll(200)
+        out = serve.stdout.read()
+    finally:
+        serve.kill()
+        serve.wait()
+    published = next(ln for ln in out.splitlines() if ln.startswith("published"))
+    batches, events = int(published.split()[1]), int(published.split()[3])
+    m, h = att.mirror, att.health
+    assert att.last == batches - 1 and m.num_stored + m.num_removed == events
+    assert m.num_removed > 0 and h.lost == 0 and h.orphans == 0 and h.bad_messages == 0
+    att.close()
