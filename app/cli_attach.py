@@ -1,6 +1,7 @@
 """`kvscope attach`: mirror a vLLM or SGLang server's prefix cache from its KV events.
 
-    kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] --headless --duration S
+    kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] [--dp-ranks N]
+                   --headless --duration S
                    [--hash-check sha256 [--hash-seed SEED]]
 
 Headless: listen for S seconds, then print the mirror's summary and health. A bad address is
@@ -15,6 +16,8 @@ import sys
 
 
 def add_parser(sub) -> None:
+    from kvscope.app.cli import _positive_int
+
     p = sub.add_parser("attach", help="mirror a vLLM/SGLang server's KV cache from its events",
                        description="Subscribe to a vLLM or SGLang server's KV-cache events "
                        "(--kv-events-config with publisher zmq) and rebuild its prefix cache.")
@@ -24,6 +27,9 @@ def add_parser(sub) -> None:
                    help="the replay endpoint, e.g. tcp://HOST:5558: history on attach and "
                    "missed batches on every sequence gap")
     p.add_argument("--topic", default="", help="the server's topic (default: all)")
+    p.add_argument("--dp-ranks", type=_positive_int, default=1, metavar="N",
+                   help="data-parallel ranks: rank r publishes (and replays) on port + r "
+                   "(default 1)")
     p.add_argument("--hash-check", choices=("sha256", "sha256_cbor"), default=None,
                    metavar="ALGO", help="recompute block hashes from the published token ids "
                    "with the server's --prefix-caching-hash-algo (sha256 or sha256_cbor) and "
@@ -45,30 +51,40 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return 2
     from kvscope.sessions.kv_events import Attachment, Mirror
     from kvscope.sessions.kv_events.parity import HashParity, HashSettings
+    from kvscope.sessions.kv_events.subscriber import listen, rank_endpoint
 
-    parity = (HashParity(HashSettings(args.hash_check, args.hash_seed)) if args.hash_check
-              else None)
+    mirror = Mirror(HashParity(HashSettings(args.hash_check, args.hash_seed))
+                    if args.hash_check else None)
+    attachments = []
     try:
-        attachment = Attachment(args.endpoint, args.replay, args.topic, Mirror(parity))
+        for r in range(args.dp_ranks):
+            replay = rank_endpoint(args.replay, r) if args.replay else None
+            attachments.append(Attachment(rank_endpoint(args.endpoint, r), replay, args.topic,
+                                          mirror))
     except ValueError as e:
+        for a in attachments:
+            a.close()
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
     print(f"kvscope attach: {args.endpoint}" + (f", replay {args.replay}" if args.replay else "")
+          + (f", {args.dp_ranks} data-parallel ranks" if args.dp_ranks > 1 else "")
           + f", listening {args.duration:g} s", flush=True)
     try:
-        attachment.start()
-        attachment.run(args.duration)
+        for a in attachments:
+            a.start()
+        listen(attachments, args.duration)
     except KeyboardInterrupt:
         print("interrupted")
     finally:
-        attachment.close()
-    mirror = attachment.mirror
-    usable = mirror.health.first_seq is not None
+        for a in attachments:
+            a.close()
+    usable = bool(mirror.health.first_seq)
     if not usable:
         print(f"kvscope: no KV events from {args.endpoint} in {args.duration:g} s "
-              f"({attachment.num_messages} messages, {mirror.health.bad_messages} not KV "
-              "events): is the server publishing (--kv-events-config with \"publisher\": "
-              "\"zmq\"), and are the address and topic right?", file=sys.stderr)
+              f"({sum(a.num_messages for a in attachments)} messages, "
+              f"{mirror.health.bad_messages} not KV events): is the server publishing "
+              "(--kv-events-config with \"publisher\": \"zmq\"), and are the address and topic "
+              "right?", file=sys.stderr)
     print(mirror.summary())
     return 0 if usable else 2
 

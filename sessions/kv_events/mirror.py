@@ -30,7 +30,7 @@ class Health:
     unknown_removes: int = 0  # a remove of a key the mirror does not hold
     restarts: int = 0  # the sequence went back: the publisher restarted
     bad_messages: int = 0  # frames or payloads that are not KV-event batches
-    first_seq: int | None = None  # the first sequence number applied
+    first_seq: dict = field(default_factory=dict)  # stream endpoint -> first sequence applied
     notes: deque = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
 
     def note(self, text: str) -> None:
@@ -39,13 +39,14 @@ class Health:
     def lines(self) -> list[str]:
         recovered = ("no batches missed" if not self.missing else
                      f"{self.missing - self.lost} of {self.missing} missed batches recovered")
-        if self.first_seq is None:
+        late = {e: s for e, s in self.first_seq.items() if s > 0}
+        if not self.first_seq:
             history = "nothing received"
-        elif self.first_seq == 0:
+        elif not late:
             history = "from sequence 0 (the publisher's start)"
         else:
-            history = (f"from sequence {self.first_seq} (earlier blocks were never seen: "
-                       "expect orphan parents)")
+            history = ", ".join(f"{e} from sequence {s}" for e, s in late.items()) + \
+                " (earlier blocks were never seen: expect orphan parents)"
         return [
             f"gaps: {self.gaps} ({self.repaired} repaired by replay, {self.lost} batches lost); "
             f"replay: {self.replayed} batches, {recovered}",

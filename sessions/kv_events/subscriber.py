@@ -68,11 +68,6 @@ class Attachment:
             n += 1
         return n
 
-    def run(self, duration_s: float) -> None:
-        deadline = time.monotonic() + duration_s
-        while (left := deadline - time.monotonic()) > 0:
-            self.poll(int(min(left, 0.1) * 1000) + 1)
-
     def close(self) -> None:
         self.sub.close(linger=0)
 
@@ -126,8 +121,7 @@ class Attachment:
         except WireError as e:
             self._bad(f"sequence {seq}: payload is not a KV-event batch: {e}")
             return False
-        if self.health.first_seq is None:
-            self.health.first_seq = seq
+        self.health.first_seq.setdefault(self.endpoint, seq)
         self.ranks.add(batch.dp_rank)
         self.mirror.apply(batch)
         return True
@@ -173,3 +167,25 @@ class Attachment:
         finally:
             dealer.close(linger=0)
         return got
+
+
+def listen(attachments: list[Attachment], duration_s: float) -> None:
+    """Drive several attachments (one per data-parallel rank) for duration_s seconds."""
+    poller = zmq.Poller()
+    for a in attachments:
+        poller.register(a.sub, zmq.POLLIN)
+    deadline = time.monotonic() + duration_s
+    while (left := deadline - time.monotonic()) > 0:
+        ready = dict(poller.poll(int(min(left, 0.1) * 1000) + 1))
+        for a in attachments:
+            if a.sub in ready:
+                a.poll(0)
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """vLLM's rule: data-parallel rank r publishes on the endpoint's port + r."""
+    head, _, port = endpoint.rpartition(":")
+    if rank and not (endpoint.startswith("tcp://") and port.isdigit()):
+        raise ValueError(f"cannot find data-parallel rank {rank}'s port from {endpoint} "
+                         "(needs tcp://HOST:PORT)")
+    return f"{head}:{int(port) + rank}" if rank else endpoint

@@ -4,7 +4,8 @@ replay on attach and on gaps (both reply layouts), restarts, bad frames."""
 import pytest
 from kv_fake_publisher import FakePublisher, batch, cleared, drain, removed, stored
 
-from kvscope.sessions.kv_events import Attachment
+from kvscope.sessions.kv_events import Attachment, Mirror
+from kvscope.sessions.kv_events.subscriber import listen, rank_endpoint
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_attach_replays_history_then_goes_live(fake):
     for seq in range(3):
         fake.send(seq, batch([stored([10 + seq], 9 + seq if seq else None)]), live=False)
     a = attach(fake).start()
-    assert fake.replay_requests == [0] and a.last == 2 and a.health.first_seq == 0
+    assert fake.replay_requests == [0] and a.last == 2 and a.health.first_seq == {fake.endpoint: 0}
     fake.send(2, batch([stored([999], None)]), keep=False)  # already replayed: ignored
     fake.send(3, batch([stored([13], 12)]))
     drain(a, 3)
@@ -117,3 +118,34 @@ def test_a_bad_address_is_a_clear_error():
         Attachment("localhost:5557")
     with pytest.raises(ValueError, match="cannot connect"):
         Attachment("tcp://no port here")
+
+
+def test_one_attachment_per_rank_feeds_one_mirror():
+    fakes = [FakePublisher(), FakePublisher()]
+    mirror = Mirror()
+    atts = [Attachment(f.endpoint, f.replay_endpoint, mirror=mirror) for f in fakes]
+    try:
+        for f in fakes:
+            f.wait_subscribed()
+        for rank, f in enumerate(fakes):
+            f.send(0, batch([stored([1, 2], None)], rank=rank))
+            f.send(1, batch([removed([1])], rank=rank), live=False)  # a gap on each stream
+            f.send(2, batch([stored([3], 2)], rank=rank))
+        listen(atts, 1.0)
+        assert set(mirror.layers()) == {(0, 0, "GPU"), (1, 0, "GPU")}
+        h = mirror.health
+        assert (h.gaps, h.repaired, mirror.num_stored, mirror.num_removed) == (2, 2, 6, 2)
+        assert h.first_seq == {fakes[0].endpoint: 0, fakes[1].endpoint: 0}
+    finally:
+        for a in atts:
+            a.close()
+        for f in fakes:
+            f.close()
+
+
+def test_rank_endpoints_follow_vllms_port_offset():
+    assert rank_endpoint("tcp://10.0.0.2:5557", 0) == "tcp://10.0.0.2:5557"
+    assert rank_endpoint("tcp://10.0.0.2:5557", 3) == "tcp://10.0.0.2:5560"
+    assert rank_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
+    with pytest.raises(ValueError, match="needs tcp://HOST:PORT"):
+        rank_endpoint("ipc:///tmp/kv", 1)

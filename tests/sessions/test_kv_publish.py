@@ -47,7 +47,7 @@ def test_mirror_of_our_engine_equals_its_snapshot():
     att = Attachment(pub.endpoint, pub.replay_endpoint, topic="kv", replay_timeout_s=5.0)
     try:
         att.start()  # what was published before attaching comes from the replay endpoint
-        assert att.health.first_seq == 0 and att.health.replayed == pub.seq > 0
+        assert att.health.first_seq == {pub.endpoint: 0} and att.health.replayed == pub.seq > 0
         rng = random.Random(0)
         prefixes = [[rng.randrange(3, 300) for _ in range(n)] for n in (12, 20, 8)]
         params = SamplingParams(max_tokens=3, ignore_eos=True)
