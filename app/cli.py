@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvscope.app import cli_lab
+from kvscope.app import cli_attach, cli_lab, cli_serve
 from kvscope.app.engine_host import cpu_cores, set_engine_threads
 from kvscope.engine.block_pool import EVICTION_POLICIES
 from kvscope.engine.config import check_text
@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(gen)
     gen.set_defaults(func=cmd_generate)
     cli_lab.add_parser(sub)
+    cli_attach.add_parser(sub)
+    cli_serve.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""`kvscope serve`: run a workload on our engine and publish its KV-cache events in vLLM's format,
+so that `kvscope attach` (or any vLLM KV-event consumer) can be tried against it.
+
+    kvscope serve --kv-events tcp://*:5557 [--kv-events-replay tcp://*:5558] [--workload W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_parser(sub) -> None:
+    from kvscope.app.cli import DEFAULT_WORKLOAD, _engine_options, _positive_int
+
+    p = sub.add_parser("serve", help="run a workload and publish its KV events (vLLM format)",
+                       description="Run a workload on the engine while publishing its prefix "
+                       "cache as vLLM KV events (BlockStored / BlockRemoved / AllBlocksCleared; "
+                       "no token ids) on a ZMQ PUB socket.")
+    p.add_argument("--kv-events", required=True, metavar="ENDPOINT",
+                   help="where to publish, e.g. tcp://*:5557 (bound when it has * or ::, "
+                   "connected to otherwise, as vLLM does)")
+    p.add_argument("--kv-events-replay", metavar="ENDPOINT", default=None,
+                   help="a replay endpoint, e.g. tcp://*:5558 (the last 10,000 batches)")
+    p.add_argument("--topic", default="")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD, metavar="FILE")
+    p.add_argument("--wait", type=_positive_int, default=2, metavar="S",
+                   help="seconds to wait for subscribers before the run, and for replay "
+                   "requests after it (default 2)")
+    _engine_options(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import zmq
+
+    from kvscope.app.cli import (
+        CliError,
+        describe_engine,
+        format_summary,
+        load_engine,
+        resolve_workload,
+    )
+    from kvscope.engine.workload import WorkloadRunner, load_workload, summarize
+    from kvscope.sessions.kv_events import KVEventPublisher
+
+    workload = load_workload(resolve_workload(args.workload))
+    engine = load_engine(args)
+    try:
+        pub = KVEventPublisher(engine, args.kv_events, args.kv_events_replay, args.topic)
+    except zmq.ZMQError as e:
+        raise CliError(f"--kv-events: cannot open {args.kv_events}: {e}") from None
+    print(f"kvscope serve: {describe_engine(engine, args.model)}")
+    print(f"publishing KV events on {pub.endpoint}"
+          + (f", replay on {pub.replay_endpoint}" if pub.replay_endpoint else ""), flush=True)
+    try:
+        time.sleep(args.wait)
+        result = WorkloadRunner(engine, workload).run()
+        print(format_summary(summarize(engine, result)))
+        print(f"published {pub.seq} batches, {pub.num_blocks_published} block events",
+              flush=True)
+        time.sleep(args.wait)
+    finally:
+        pub.close()
+    return 0

@@ -1,0 +1,182 @@
+"""A mirror of a remote engine's prefix cache, rebuilt from its KV events, and its health.
+
+Blocks are keyed by (data-parallel rank, KV group, medium, hash): the same hash may be resident
+in several groups and tiers at once, and a server with duplicate physical copies of one hash sends
+a store (and later a remove) for each copy, so a key holds a reference count. Physical block ids
+are not published: the mirror knows hash slots, not pool cells.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from kvscope.sessions.kv_events.wire import Batch, Cleared, Removed, Stored
+
+MAX_NOTES = 20
+
+
+@dataclass
+class Health:
+    """How far the mirror can be trusted: what was missed, repaired, or never seen."""
+
+    gaps: int = 0  # times the sequence jumped forward
+    missing: int = 0  # batches skipped over by those jumps
+    repaired: int = 0  # gaps whose every batch came back through replay
+    replayed: int = 0  # batches recovered through replay (on attach and on gaps)
+    lost: int = 0  # batches of a gap that replay did not return
+    orphans: int = 0  # stored chains whose parent hash was not resident (history not seen)
+    duplicate_stores: int = 0  # a store of a key already resident (another physical copy)
+    unknown_removes: int = 0  # a remove of a key the mirror does not hold
+    restarts: int = 0  # the sequence went back: the publisher restarted
+    bad_messages: int = 0  # frames or payloads that are not KV-event batches
+    first_seq: dict = field(default_factory=dict)  # stream endpoint -> first sequence applied
+    notes: deque = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def lines(self) -> list[str]:
+        recovered = ("no batches missed" if not self.missing else
+                     f"{self.missing - self.lost} of {self.missing} missed batches recovered")
+        late = {e: s for e, s in self.first_seq.items() if s > 0}
+        if not self.first_seq:
+            history = "nothing received"
+        elif not late:
+            history = "from sequence 0 (the publisher's start)"
+        else:
+            history = ", ".join(f"{e} from sequence {s}" for e, s in late.items()) + \
+                " (earlier blocks were never seen: expect orphan parents)"
+        return [
+            f"gaps: {self.gaps} ({self.repaired} repaired by replay, {self.lost} batches lost); "
+            f"replay: {self.replayed} batches, {recovered}",
+            f"history: {history}",
+            f"orphan parents: {self.orphans}, duplicate stores: {self.duplicate_stores}, "
+            f"removes of unknown blocks: {self.unknown_removes}",
+            f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}",
+        ]
+
+
+class Mirror:
+    def __init__(self, parity=None):
+        self.parity = parity  # a HashParity that checks every store, or None
+        self.blocks: dict[tuple, list] = {}  # key -> [refs, parent hash, block_size, identity]
+        self._where: Counter = Counter()  # (rank, group, hash) -> keys holding it (any medium)
+        self.num_stored = 0  # block stores applied (duplicates included)
+        self.num_removed = 0  # block removes applied to a resident key
+        self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
+        self.evictions: Counter = Counter()  # whole second of the batch timestamp -> removes
+        self.health = Health()
+
+    # ---------------------------------------------------------------------- applying
+    def apply(self, batch: Batch) -> None:
+        rank = batch.dp_rank
+        for e in batch.events:
+            if isinstance(e, Stored):
+                self._store(rank, e)
+            elif isinstance(e, Removed):
+                self._remove(rank, e, batch.ts)
+            elif isinstance(e, Cleared):
+                self.clear(rank)
+
+    def _store(self, rank: int, e: Stored) -> None:
+        blocks, where, group, medium = self.blocks, self._where, e.group, e.medium
+        identity = (e.lora_name, e.cache_salt)
+        if self.parity is not None:
+            self.parity.check(e)
+        parent = e.parent
+        if parent is not None and not where[(rank, group, parent)]:
+            self.health.orphans += 1
+        for h in e.hashes:
+            key = (rank, group, medium, h)
+            entry = blocks.get(key)
+            if entry is None:
+                blocks[key] = [1, parent, e.block_size, identity]
+                where[(rank, group, h)] += 1
+            else:
+                entry[0] += 1
+                self.health.duplicate_stores += 1
+            parent = h
+        self.num_stored += len(e.hashes)
+
+    def _remove(self, rank: int, e: Removed, ts: float) -> None:
+        blocks, n = self.blocks, 0
+        for h in e.hashes:
+            key = (rank, e.group, e.medium, h)
+            entry = blocks.get(key)
+            if entry is None:
+                self.health.unknown_removes += 1
+                continue
+            n += 1
+            entry[0] -= 1
+            if entry[0] == 0:
+                del blocks[key]
+                self._forget(rank, e.group, h)
+        self.num_removed += n
+        self.evictions[int(ts)] += n
+
+    def _forget(self, rank: int, group: int, h) -> None:
+        where = self._where
+        where[(rank, group, h)] -= 1
+        if not where[(rank, group, h)]:
+            del where[(rank, group, h)]
+
+    def clear(self, rank: int) -> None:
+        """Drop every block of one data-parallel rank (AllBlocksCleared, a publisher restart)."""
+        for key in [k for k in self.blocks if k[0] == rank]:
+            self.num_cleared += self.blocks.pop(key)[0]
+            self._forget(rank, key[1], key[3])
+
+    # ---------------------------------------------------------------------- queries
+    @property
+    def num_resident(self) -> int:
+        return len(self.blocks)
+
+    def tree(self, rank: int = 0, group: int = 0, medium: str = "GPU") -> dict:
+        """hash -> parent hash (None for a chain's first block) of the resident blocks."""
+        return {k[3]: v[1] for k, v in self.blocks.items()
+                if k[0] == rank and k[1] == group and k[2] == medium}
+
+    def refs(self, rank: int, group: int, medium: str, block_hash) -> int:
+        entry = self.blocks.get((rank, group, medium, block_hash))
+        return entry[0] if entry else 0
+
+    def layers(self) -> dict[tuple, tuple[int, int, int]]:
+        """(rank, group, medium) -> (resident blocks, tokens, chain roots); a chain root is a
+        block whose parent is not resident, so each root starts one prefix tree."""
+        out: dict[tuple, list[int]] = {}
+        for (rank, group, medium, _), (_, parent, size, _) in self.blocks.items():
+            row = out.setdefault((rank, group, medium), [0, 0, 0])
+            row[0] += 1
+            row[1] += size
+            row[2] += parent is None or not self._where[(rank, group, parent)]
+        return {k: tuple(v) for k, v in sorted(out.items(), key=lambda kv: str(kv[0]))}
+
+    def identities(self) -> Counter:
+        """(lora_name, cache_salt) -> resident blocks."""
+        return Counter(v[3] for v in self.blocks.values())
+
+    def summary(self) -> str:
+        lines = ["cache (hash slots: physical block ids are not published):"]
+        for (rank, group, medium), (n, tokens, roots) in self.layers().items():
+            lines.append(f"  dp rank {rank}, KV group {group}, {medium}: {n} blocks, "
+                         f"{tokens} tokens, {roots} chain roots")
+        if not self.blocks:
+            lines.append("  (empty)")
+        named = {k: v for k, v in self.identities().items() if k != (None, None)}
+        for (lora, salt), n in sorted(named.items(), key=str):
+            lines.append(f"  identity lora={lora} salt={'set' if salt else 'none'}: {n} blocks")
+        if self.evictions:
+            lines.append(f"  removals: {self.num_removed} over {len(self.evictions)} s "
+                         f"(busiest second: {max(self.evictions.values())}); "
+                         f"cleared: {self.num_cleared}")
+        if self.parity is not None:
+            lines += self.parity.lines()
+        lines.append("health:")
+        lines += [f"  {line}" for line in self.health.lines()]
+        lines += [f"  note: {n}" for n in self.health.notes]
+        h = self.health
+        lines.append(f"blocks stored: {self.num_stored}, removed: {self.num_removed}, "
+                     f"resident: {self.num_resident}, gaps: {h.gaps}, repaired: {h.repaired}, "
+                     f"orphans: {h.orphans}, restarts: {h.restarts}")
+        return "\n".join(lines)
