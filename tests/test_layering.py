@@ -90,3 +90,18 @@ def test_the_internals_check_sees_a_chain(tmp_path):
     sample = tmp_path / "m.py"
     sample.write_text("x = self.engine.manager.pool\ny = engine.requests[3]\nz = w.requests\n")
     assert engine_internals_used(sample, tmp_path) == ["m.py:1 .manager", "m.py:2 .requests"]
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """A non-editable `pip install .` installs only the packages pyproject.toml lists."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    found = {
+        name + "." + ".".join(init.parent.relative_to(ROOT / folder).parts)
+        if init.parent != ROOT / folder else name
+        for name, folder in tool["package-dir"].items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert found <= listed, sorted(found - listed)
