@@ -39,6 +39,7 @@ class PoolReplay:
         self.nct = dict(s.num_computed_tokens)
         self.counters = s.counters
         self._evicted: list[int] = []  # an EVICTED event's blocks, checked by the ALLOCATED next
+        self._has_seq = len(s.cached_seq) > 0  # sessions recorded before it have no cached_seq
 
     def apply_packed(self, row) -> None:
         """Apply the block events of one packed `events` row (see schema.pack_events)."""
@@ -132,5 +133,8 @@ class PoolReplay:
                 tables.setdefault(r, [])
 
     def snapshot(self) -> Snapshot:
-        return Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters, self.step,
+        snap = Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters, self.step,
                                   self.block_size)
+        if not self._has_seq:  # as the session's own keyframes: without it
+            snap.cached_seq = snap.cached_seq[:0]
+        return snap
