@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -83,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workload", required=True, metavar="FILE",
                      help="a workload file, or the name of a shipped one: "
                      + ", ".join(shipped_workloads()))
-    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (drawn on stderr only when it is a terminal)")
     run.add_argument("--record", metavar="FILE", default=None,
                      help="record the session to FILE (.kvscope) for replay and export")
     run.add_argument("--record-text", action="store_true",
@@ -132,8 +134,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="'demo', a local Hugging Face model folder, or a repo id already in the "
                    "local Hugging Face cache (default: demo)")
     g.add_argument("--num-blocks", type=_positive_int, default=None,
-                   help="KV pool size in blocks (default: 2048 on the CPU, a share of free "
-                   "memory on CUDA)")
+                   help=f"KV pool size in blocks (default: {DEFAULT_CPU_BLOCKS} on the CPU, as "
+                   "in the window; a share of free memory on CUDA)")
     g.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
                    help="KV cache dtype (auto: the model's)")
@@ -242,7 +244,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 overwrite=args.overwrite).start()
         except (OSError, ValueError) as e:
             raise CliError(f"--record: {e}") from None
-    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
+    # \r redraws only on a terminal: in a log or a pipe they would pile up as garbage
+    show = not args.no_progress and sys.stderr.isatty()
+    bar = ProgressBar(sys.stderr, label=path.stem) if show else None
     runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     interrupted = False
     try:
@@ -270,10 +274,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
+    from kvscope.sessions.export import check_output
 
     if not (args.chrome_trace or args.csv):
         raise CliError("export: give --chrome-trace OUT.json and/or --csv DIR")
+    outputs = [args.chrome_trace] if args.chrome_trace else []
+    if args.csv:
+        outputs += [args.csv, *(os.path.join(args.csv, n) for n in ("requests.csv", "steps.csv"))]
     try:
+        for out in outputs:  # all of them before anything is written
+            check_output(args.session, out)
         with SessionReader(args.session) as reader:
             if args.chrome_trace:
                 out = export_chrome_trace(reader, args.chrome_trace)
@@ -283,7 +293,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     print(f"wrote {p}")
     except SessionError as e:
         raise CliError(str(e)) from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise CliError(f"export: {e}") from None
     return 0
 

@@ -38,7 +38,7 @@ from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
-from kvscope.engine.config import EngineConfig
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
@@ -167,7 +167,7 @@ class MainWindow(QMainWindow):
         self.prefix_box.setChecked(True)
         self.kv_box = QComboBox()
         self.kv_box.addItems(["auto", "float16", "bfloat16", "float32", "fp8"])
-        self.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=512)
+        self.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=DEFAULT_CPU_BLOCKS)
         self.block_size_box = QSpinBox(minimum=1, maximum=256, value=16)
         self.blocks_box.setToolTip("Physical blocks in the KV pool")
         self.block_size_box.setToolTip("Tokens per block")

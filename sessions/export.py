@@ -184,10 +184,35 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
     return out
 
 
+SIDECARS = ("", "-wal", "-shm", "-journal")
+
+
+def check_output(session_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
+    """Raise ValueError if writing `out_path` would overwrite the session or one of its SQLite
+    sidecars (the same file by any name: symlinks and hard links are compared by inode)."""
+    out = Path(out_path)
+    try:
+        out_stat = out.stat()
+    except OSError:
+        out_stat = None
+    for suffix in SIDECARS:
+        src = Path(f"{session_path}{suffix}")
+        try:
+            st = src.stat()
+        except OSError:
+            st = None
+        same = (st is not None and out_stat is not None
+                and (st.st_dev, st.st_ino) == (out_stat.st_dev, out_stat.st_ino))
+        if same or out.resolve() == src.resolve():
+            raise ValueError(f"{out} is the session file {src}: refusing to overwrite the input "
+                             "(choose another output path)")
+
+
 def export_chrome_trace(session, out_path: str | os.PathLike) -> Path:
     """`kvscope export SESSION --chrome-trace OUT.json`."""
     reader, owned = _open(session)
     try:
+        check_output(reader.path, out_path)
         trace = chrome_trace(reader)
     finally:
         if owned:
@@ -202,8 +227,10 @@ def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
     """`kvscope export SESSION --csv DIR`: DIR/requests.csv and DIR/steps.csv."""
     reader, owned = _open(session)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        for name in ("", "requests.csv", "steps.csv"):
+            check_output(reader.path, out / name)
+        out.mkdir(parents=True, exist_ok=True)
         req_path = out / "requests.csv"
         names = [f.name for f in fields(RecordedRequest)]
         with open(req_path, "w", newline="", encoding="utf-8") as f:
