@@ -12,9 +12,12 @@ print one line to stderr and exit with status 2. No Qt here: the GUI is imported
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.resources
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkloadError as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # e.g. Ctrl+C while the model loads: one line, no traceback
+        print("kvscope: interrupted", file=sys.stderr)
+        return 130
 
 
 # ------------------------------------------------------------------------------------ parser
@@ -229,6 +235,25 @@ def describe_engine(engine, model: str) -> str:
 
 
 # -------------------------------------------------------------------------------- commands
+@contextlib.contextmanager
+def _term_interrupts():
+    """SIGTERM and SIGHUP stop a run as Ctrl+C does (the recording is finished, not cut)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {n: signal.signal(getattr(signal, n), interrupt) for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in old.items():
+            signal.signal(getattr(signal, n), handler)
+
+
+@_term_interrupts()
 def cmd_run(args: argparse.Namespace) -> int:
     if args.record_text and not args.record:
         raise CliError("--record-text needs --record FILE")
