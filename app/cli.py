@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--record-text", action="store_true",
                      help="with --record: also store prompt and output text (default: token "
                      "counts and block hashes only)")
+    run.add_argument("--record-raw-hashes", action="store_true",
+                     help="with --record: store the engine's block hashes as they are (to compare "
+                     "sessions or match an external engine); by default they are keyed per file, "
+                     "so nobody can confirm a guessed prompt from them")
     run.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
     _engine_options(run)
     run.set_defaults(func=cmd_run)
@@ -257,6 +261,8 @@ def _term_interrupts():
 def cmd_run(args: argparse.Namespace) -> int:
     if args.record_text and not args.record:
         raise CliError("--record-text needs --record FILE")
+    if args.record_raw_hashes and not args.record:
+        raise CliError("--record-raw-hashes needs --record FILE")
     path = resolve_workload(args.workload)
     workload = load_workload(path)  # before the model: a bad line fails fast
     engine = load_engine(args)
@@ -266,7 +272,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         try:
             recorder = Recorder(args.record, engine, record_text=args.record_text,
-                                overwrite=args.overwrite).start()
+                                overwrite=args.overwrite,
+                                raw_hashes=args.record_raw_hashes).start()
         except (OSError, ValueError) as e:
             raise CliError(f"--record: {e}") from None
     # \r redraws only on a terminal: in a log or a pipe they would pile up as garbage

@@ -219,6 +219,16 @@ class SessionReader:
             "SELECT step FROM keyframes ORDER BY step")]
         self._step_columns = [r[1] for r in conn.execute("PRAGMA table_info(steps)")]
 
+    @property
+    def block_hashes(self) -> str:
+        """How the file stores block hashes: "keyed" (an HMAC under a key of the recording that
+        is not stored: chains and sharing are kept within the file, nothing compares across
+        files) or "raw" (the engine's short hashes; files written before this choice)."""
+        cols = {r[1] for r in self._query("PRAGMA table_info(session)")}
+        if "block_hashes" not in cols:
+            return "raw"
+        return self._query("SELECT block_hashes FROM session WHERE id = 1")[0][0] or "raw"
+
     def refresh(self) -> None:
         """Re-read the index: a session still being recorded has grown since it was opened."""
         try:

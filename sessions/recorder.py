@@ -131,7 +131,7 @@ class Recorder:
                  keyframe_every: int = 64, keyframe_max_events: int = 20_000,
                  keyframe_budget: float = 0.005, flush_interval_s: float = 0.25,
                  lag_steps: int = 10_000, lag_s: float = 5.0, overwrite: bool = False,
-                 checkpoint_interval_s: float = 1.0):
+                 checkpoint_interval_s: float = 1.0, raw_hashes: bool = False):
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be >= 1")
         self.path = Path(path)
@@ -152,6 +152,9 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._started = self._closed = False
         self._salt_key = secrets.token_bytes(32)  # never stored: digests only group salts
+        self.raw_hashes = raw_hashes
+        self._hash_key = secrets.token_bytes(32)  # never stored (see stored_hash)
+        self._keyed: dict[int, int] = {}  # writer thread: short hash -> stored value
         # engine-thread state
         self._next_rid = 0
         self._num_seen = 0
@@ -445,7 +448,7 @@ class Recorder:
             for i, (rec, events) in enumerate(cap.steps):
                 n = len(events)
                 if n:
-                    event_rows.append(schema.pack_events(rec.step, events))
+                    event_rows.append(schema.pack_events(rec.step, self._keyed_events(events)))
                     num_events += n
                 row = [getattr(rec, c) for c in self._step_cols]
                 if i == last:
@@ -457,7 +460,7 @@ class Recorder:
                 step_rows.append(row)
             if cap.raw is not None:
                 t = time.thread_time()
-                kf_rows.append(schema.encode_keyframe(_snapshot_from_raw(cap.raw)))
+                kf_rows.append(schema.encode_keyframe(self._keyframe(cap.raw)))
                 self._kf_build_s = time.thread_time() - t
         conn = self._conn
         conn.execute("BEGIN")
@@ -480,6 +483,36 @@ class Recorder:
         self._written += len(step_rows)
         self._events_written += num_events
         self._keyframes_written += len(kf_rows)
+
+    def stored_hash(self, short: int) -> int:
+        """The value this recording stores for a short block hash: unless ``raw_hashes``, an
+        HMAC-SHA256 of it under a random key of this recording that is never stored, cut to 64
+        bits (0, "no hash", stays 0). Equal blocks and chains stay equal within the file, but a
+        guessed prompt cannot be confirmed by hashing it with the model."""
+        if self.raw_hashes or not short:
+            return short
+        keyed = self._keyed.get(short)
+        if keyed is None:
+            if len(self._keyed) >= 1 << 20:  # bound the cache of a very long recording
+                self._keyed.clear()
+            digest = hmac.new(self._hash_key, short.to_bytes(8, "little"), hashlib.sha256)
+            keyed = self._keyed[short] = int.from_bytes(digest.digest()[:8], "little") or 1
+        return keyed
+
+    def _keyed_events(self, events: list[tuple]) -> list[tuple]:
+        if self.raw_hashes:
+            return events
+        key = self.stored_hash
+        return [e if not e[5] else (*e[:5], tuple(map(key, e[5])), e[6]) for e in events]
+
+    def _keyframe(self, raw: SimpleNamespace) -> Snapshot:
+        snap = _snapshot_from_raw(raw)
+        if not self.raw_hashes:
+            key = self.stored_hash
+            for name in ("block_hash", "parent_hash"):
+                a = getattr(snap, name)
+                setattr(snap, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))
+        return snap
 
     def _salt_digest(self, salt: str | None) -> str | None:
         if salt is None:
@@ -563,6 +596,7 @@ class Recorder:
                     machine=json.dumps(_machine()), device=_device(engine),
                     started_at=_now_iso(), started_unix=time.time(), monotonic_t0=self._t0,
                     record_text=int(self.record_text), keyframe_every=self.keyframe_every,
+                    block_hashes="raw" if self.raw_hashes else "keyed",
                     complete=0, num_steps=0, num_events=0)
 
 
