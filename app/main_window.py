@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.banner import ErrorBanner
-from kvscope.app.engine_client import EngineClient
+from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.engine_host import EngineInfo, Frame, RequestRow
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
@@ -211,6 +211,7 @@ class MainWindow(QMainWindow):
         self.worker.engine_error.connect(self._on_engine_error)
         self.worker.running_changed.connect(self._on_running_changed)
         self.worker.engine_exited.connect(self._on_engine_exited)
+        self.worker.not_responding.connect(self._on_not_responding)
         self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(self.cancel_requested)
@@ -494,6 +495,12 @@ class MainWindow(QMainWindow):
     def _on_engine_error(self, message: str, detail: str) -> None:
         self.banner.show_error(f"The engine stopped on an error (paused; the window keeps "
                                f"running): {message}", detail)
+
+    def _on_not_responding(self, silent: bool) -> None:
+        if silent:
+            self.banner.show_error(NOT_RESPONDING)
+        elif self.banner.label.text() == NOT_RESPONDING:
+            self.banner.hide()
 
     def _on_engine_exited(self, message: str) -> None:
         self.banner.show_error(message)
