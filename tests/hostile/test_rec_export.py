@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from rec_util import drive, make_engine, rec_model_dir, record  # noqa: F401 - a fixture
@@ -53,8 +54,11 @@ def test_a_csv_folder_holding_the_session_is_fine(tmp_path, rec_model_dir, capsy
 def test_the_wal_sidecar_of_a_live_recording_is_refused(tmp_path, rec_model_dir, capsys):  # noqa: F811
     engine = make_engine(rec_model_dir)
     path = tmp_path / "live.kvscope"
-    with Recorder(path, engine, flush_interval_s=0.01) as rec:
+    with Recorder(path, engine, flush_interval_s=0.01, checkpoint_interval_s=1e9) as rec:
         drive(engine, max_steps=10)
+        deadline = time.monotonic() + 10  # all written: the writer leaves the files alone now
+        while rec.status().backlog_steps and time.monotonic() < deadline:
+            time.sleep(0.01)
         wal = tmp_path / "live.kvscope-wal"
         assert wal.exists() and rec.status().recording
         refused(["export", str(path), "--chrome-trace", str(wal)], [path, wal], capsys)
