@@ -23,8 +23,8 @@ CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 HEARTBEAT_MS = 500  # the loaded engine is pinged this often (one ping outstanding at most)
 NOT_RESPONDING_S = 3.0  # no message for this long: "not responding"
 SILENT_CLOSE_TIMEOUT_S = 0.5  # closing an engine that does not respond: kill it after this
-NOT_RESPONDING = ("Engine not responding: no answer for over 3 s (stopped, or stuck in a long "
-                  "step). Closing the window stops it.")
+NOT_RESPONDING = (f"Engine not responding: no answer for over {NOT_RESPONDING_S:g} s (stopped, "
+                  "or stuck in a long step). Closing the window stops it.")
 
 
 class _Process:

@@ -222,16 +222,21 @@ class Recorder:
         for suffix in ("", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{tmp}{suffix}")
-        conn = sqlite3.connect(tmp, isolation_level=None)
         try:
-            conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
-            conn.execute("BEGIN")
-            schema.create_tables(sqlite_utils.Database(conn), schema.step_record_columns())
-            conn.execute(*_insert("session", self._session_row()))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+                conn.execute("BEGIN")
+                schema.create_tables(sqlite_utils.Database(conn), schema.step_record_columns())
+                conn.execute(*_insert("session", self._session_row()))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except sqlite3.Error as e:  # e.g. a full disk: an OSError, as for the lock file
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise OSError(f"cannot create {self.path}: {e}") from None
         try:
             if self.overwrite:
                 # we hold the lock: sidecars left here belong to a finished or dead recording,
