@@ -12,10 +12,13 @@ print one line to stderr and exit with status 2. No Qt here: the GUI is imported
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.resources
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +26,7 @@ from pathlib import Path
 from kvscope.app import cli_attach, cli_lab, cli_serve
 from kvscope.app.engine_host import cpu_cores, set_engine_threads
 from kvscope.engine.block_pool import EVICTION_POLICIES
-from kvscope.engine.config import check_text
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, check_text
 from kvscope.engine.workload import (
     RunSummary,
     WorkloadError,
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkloadError as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # e.g. Ctrl+C while the model loads: one line, no traceback
+        print("kvscope: interrupted", file=sys.stderr)
+        return 130
 
 
 # ------------------------------------------------------------------------------------ parser
@@ -93,12 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workload", required=True, metavar="FILE",
                      help="a workload file, or the name of a shipped one: "
                      + ", ".join(shipped_workloads()))
-    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (drawn on stderr only when it is a terminal)")
     run.add_argument("--record", metavar="FILE", default=None,
                      help="record the session to FILE (.kvscope) for replay and export")
     run.add_argument("--record-text", action="store_true",
                      help="with --record: also store prompt and output text (default: token "
                      "counts and block hashes only)")
+    run.add_argument("--record-raw-hashes", action="store_true",
+                     help="with --record: store the engine's block hashes as they are (to compare "
+                     "sessions or match an external engine); by default they are keyed per file, "
+                     "so nobody can confirm a guessed prompt from them")
     run.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
     _engine_options(run)
     run.set_defaults(func=cmd_run)
@@ -145,8 +156,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="'demo', a local Hugging Face model folder, or a repo id already in the "
                    "local Hugging Face cache (default: demo)")
     g.add_argument("--num-blocks", type=_positive_int, default=None,
-                   help="KV pool size in blocks (default: 2048 on the CPU, a share of free "
-                   "memory on CUDA)")
+                   help=f"KV pool size in blocks (default: {DEFAULT_CPU_BLOCKS} on the CPU, as "
+                   "in the window; a share of free memory on CUDA)")
     g.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block")
     g.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
                    help="KV cache dtype (auto: the model's)")
@@ -246,25 +257,49 @@ def describe_engine(engine, model: str) -> str:
 
 
 # -------------------------------------------------------------------------------- commands
+@contextlib.contextmanager
+def _term_interrupts():
+    """SIGTERM and SIGHUP stop a run as Ctrl+C does (the recording is finished, not cut)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {n: signal.signal(getattr(signal, n), interrupt) for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in old.items():
+            signal.signal(getattr(signal, n), handler)
+
+
+@_term_interrupts()
 def cmd_run(args: argparse.Namespace) -> int:
     if args.record_text and not args.record:
         raise CliError("--record-text needs --record FILE")
+    if args.record_raw_hashes and not args.record:
+        raise CliError("--record-raw-hashes needs --record FILE")
     path = resolve_workload(args.workload)
     workload = load_workload(path)  # before the model: a bad line fails fast
     if args.record:
         check_record_path(Path(args.record), args.overwrite)
     engine = load_engine(args)
-    bar = None if args.no_progress else ProgressBar(sys.stderr, label=path.stem)
-    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     recorder = status = None
     if args.record:
         from kvscope.sessions import Recorder
 
         try:
             recorder = Recorder(args.record, engine, record_text=args.record_text,
-                                overwrite=args.overwrite).start()
+                                overwrite=args.overwrite,
+                                raw_hashes=args.record_raw_hashes).start()
         except (OSError, ValueError) as e:
             raise CliError(f"--record: {e}") from None
+    # \r redraws only on a terminal: in a log or a pipe they would pile up as garbage
+    show = not args.no_progress and sys.stderr.isatty()
+    bar = ProgressBar(sys.stderr, label=path.stem) if show else None
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     interrupted = False
     try:
         result = runner.run()
@@ -337,10 +372,16 @@ def check_record_path(path: Path, overwrite: bool) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
+    from kvscope.sessions.export import check_output
 
     if not (args.chrome_trace or args.csv):
         raise CliError("export: give --chrome-trace OUT.json and/or --csv DIR")
+    outputs = [args.chrome_trace] if args.chrome_trace else []
+    if args.csv:
+        outputs += [args.csv, *(os.path.join(args.csv, n) for n in ("requests.csv", "steps.csv"))]
     try:
+        for out in outputs:  # all of them before anything is written
+            check_output(args.session, out)
         with SessionReader(args.session) as reader:
             if args.chrome_trace:
                 out = export_chrome_trace(reader, args.chrome_trace)
@@ -350,7 +391,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                     print(f"wrote {p}")
     except SessionError as e:
         raise CliError(str(e)) from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise CliError(f"export: {e}") from None
     return 0
 

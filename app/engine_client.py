@@ -12,13 +12,19 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from kvscope.app import engine_host
 from kvscope.app.engine_host import EngineInfo, Frame
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
+HEARTBEAT_MS = 500  # the loaded engine is pinged this often (one ping outstanding at most)
+NOT_RESPONDING_S = 3.0  # no message for this long: "not responding"
+SILENT_CLOSE_TIMEOUT_S = 0.5  # closing an engine that does not respond: kill it after this
+NOT_RESPONDING = (f"Engine not responding: no answer for over {NOT_RESPONDING_S:g} s (stopped, "
+                  "or stuck in a long step). Closing the window stops it.")
 
 
 class _Process:
@@ -26,6 +32,8 @@ class _Process:
 
     def __init__(self, deliver, setup: str | None):
         self.proc, self.conn = engine_host.start(setup)
+        self.last_heard = time.monotonic()  # GUI thread: when its last message arrived
+        self.pinged = False  # a ping is waiting for its answer
         self._send_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, args=(deliver,), daemon=True,
                                        name="kvscope-engine-reader")
@@ -52,12 +60,15 @@ class _Process:
         except (OSError, ValueError):  # the process is gone; its reader reports how
             return False
 
+    def silent(self) -> bool:
+        return time.monotonic() - self.last_heard > NOT_RESPONDING_S
+
     def close(self, wait: bool = False) -> None:
         """Ask the process to finish (it closes any recording first)."""
         self.send("close")
         if wait:
             try:
-                self.proc.wait(CLOSE_TIMEOUT_S)
+                self.proc.wait(SILENT_CLOSE_TIMEOUT_S if self.silent() else CLOSE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.kill()
 
@@ -87,6 +98,7 @@ class EngineClient(QObject):
     running_changed = Signal(bool)
     recording_changed = Signal(object, str)  # path or None, a one-line status
     idle = Signal()  # nothing left to do
+    not_responding = Signal(bool)  # the loaded engine stopped answering / answers again
     _message = Signal(object, object)  # (process, message), from the reader threads
 
     def __init__(self, setup: str | None = None, parent=None):
@@ -100,6 +112,9 @@ class EngineClient(QObject):
         self._frame: Frame | None = None
         self.recording: str | None = None  # the file the engine records to
         self._message.connect(self._on_message)  # queued: emitted from reader threads
+        self._silent = False
+        self._heartbeat = QTimer(self, interval=HEARTBEAT_MS, timeout=self._beat)
+        self._heartbeat.start()
 
     # ------------------------------------------------------------- commands
     def load(self, model: str, config) -> None:
@@ -173,8 +188,26 @@ class EngineClient(QObject):
         return frame
 
     # ------------------------------------------------------------- messages
+    def _beat(self) -> None:
+        """Ping the loaded engine (it answers between steps) and say when it stops answering."""
+        proc = self._current
+        if proc is not None and not proc.pinged:
+            proc.pinged = proc.send("ping")
+        self._set_silent(proc is not None and proc.silent())
+
+    def _set_silent(self, silent: bool) -> None:
+        if silent != self._silent:
+            self._silent = silent
+            self.not_responding.emit(silent)
+
     def _on_message(self, proc: _Process, msg: tuple) -> None:
         kind, *args = msg
+        proc.last_heard = time.monotonic()
+        if kind == "pong":
+            proc.pinged = False
+            if proc is self._current:
+                self._set_silent(False)
+            return
         if proc is self._loading:
             self._on_loading_message(kind, args)
         elif proc is self._current:

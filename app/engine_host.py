@@ -5,10 +5,10 @@ The window talks to it over a socket wrapped in a `multiprocessing` Connection
 interpreter lock with drawing, so the window can take its time painting without slowing a step.
 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
-cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), close.
-Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
+cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), ping,
+close. Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
 request_failed (one request's forward pass or sampling raised; the others run on), rejected
-(a submit that could not be queued), running, recording, idle, frame.
+(a submit that could not be queued), running, recording, idle, frame, pong.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -247,6 +247,9 @@ class EngineHost:
 
     def _handle(self, msg: tuple) -> bool:
         kind, *args = msg
+        if kind == "ping":  # the window's heartbeat: answered between steps
+            self._send("pong")
+            return True
         if kind == "close":
             self._stop_recording()  # and say so: the window shows where the file is
             return False

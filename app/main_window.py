@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.banner import ErrorBanner
-from kvscope.app.engine_client import EngineClient
+from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.engine_host import EngineInfo, Frame, RequestRow
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
@@ -38,7 +38,7 @@ from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
-from kvscope.engine.config import EngineConfig
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
@@ -167,7 +167,7 @@ class MainWindow(QMainWindow):
         self.prefix_box.setChecked(True)
         self.kv_box = QComboBox()
         self.kv_box.addItems(["auto", "float16", "bfloat16", "float32", "fp8"])
-        self.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=512)
+        self.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=DEFAULT_CPU_BLOCKS)
         self.block_size_box = QSpinBox(minimum=1, maximum=256, value=16)
         self.blocks_box.setToolTip("Physical blocks in the KV pool")
         self.block_size_box.setToolTip("Tokens per block")
@@ -214,6 +214,7 @@ class MainWindow(QMainWindow):
         self.worker.request_failed.connect(
             lambda message, detail: self.banner.show_error(
                 f"A request failed (the others run on): {message}", detail))
+        self.worker.not_responding.connect(self._on_not_responding)
         self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(self.cancel_requested)
@@ -497,6 +498,12 @@ class MainWindow(QMainWindow):
     def _on_engine_error(self, message: str, detail: str) -> None:
         self.banner.show_error(f"The engine stopped on an error (paused; the window keeps "
                                f"running): {message}", detail)
+
+    def _on_not_responding(self, silent: bool) -> None:
+        if silent:
+            self.banner.show_error(NOT_RESPONDING)
+        elif self.banner.label.text() == NOT_RESPONDING:
+            self.banner.hide()
 
     def _on_engine_exited(self, message: str) -> None:
         self.banner.show_error(message)

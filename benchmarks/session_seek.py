@@ -22,6 +22,8 @@
    time per step (capture on the engine thread + the writer thread), measured with
    time.thread_time, which other processes do not disturb: the ratio if all of it ran in series
    with the engine is a noise-free estimate of the overhead.
+4. Between 2 and 3: what keying the block hashes per file (the default, Recorder.stored_hash)
+   costs against raw hashes: the writer's CPU per event and the capture's per step.
 
 Run: .venv/bin/python benchmarks/session_seek.py [--events 100000] [--runs 9] [--seeks 200]
 """
@@ -108,10 +110,13 @@ class RecorderClock:
         recorder_module.Recorder._write, recorder_module.Recorder._after_step = self._orig
 
 
-def record_big(model: Path, path: Path, min_events: int) -> None:
+def record_big(model: Path, path: Path, min_events: int, quiet: bool = False,
+               **rec_kw) -> tuple[float, float]:
+    """Record; print what it cost unless quiet. Returns the writer's CPU per event and the
+    capture's CPU per step on the engine thread (seconds)."""
     engine = make_engine(model, 16_384)
     clock = RecorderClock()
-    rec = Recorder(path, engine)
+    rec = Recorder(path, engine, **rec_kw)
     rec.start()
     seed = 0
     t0 = time.perf_counter()
@@ -123,6 +128,9 @@ def record_big(model: Path, path: Path, min_events: int) -> None:
     wall = time.perf_counter() - t0
     status = rec.close()
     clock.restore()
+    per_event, per_step = clock.writer_s / status.events_written, clock.capture_s / clock.steps
+    if quiet:
+        return per_event, per_step
     print(f"recorded {status.events_written:,} events over {status.steps_written:,} steps in "
           f"{wall:.1f} s: {status.events_written / wall:,.0f} events/s "
           f"(bounded by the engine; {engine.num_steps / wall:.0f} steps/s)")
@@ -134,6 +142,23 @@ def record_big(model: Path, path: Path, min_events: int) -> None:
     print(f"  file: {path.stat().st_size / 1e6:.1f} MB "
           f"({path.stat().st_size / status.events_written:.0f} bytes per event, keyframes "
           "included)")
+    return per_event, per_step
+
+
+def hash_keying(model: Path, tmp: Path, events: int, runs: int) -> None:
+    """What storing block hashes keyed per file (the default) costs against raw hashes: writer
+    CPU per event and engine-thread capture per step, medians over rounds run alternately."""
+    got = {True: [], False: []}
+    for i in range(runs):
+        for raw in (i % 2 == 0, i % 2 != 0):
+            path = tmp / f"hashes-{i}-{raw}.kvscope"
+            got[raw].append(record_big(model, path, events, quiet=True, raw_hashes=raw))
+            os.remove(path)
+    med = {raw: [statistics.median(x[j] for x in got[raw]) for j in (0, 1)] for raw in got}
+    (kw, kc), (rw, rc) = med[False], med[True]
+    print(f"keyed vs raw block hashes ({runs} rounds of {events:,} events, medians): writer "
+          f"{kw * 1e6:.2f} vs {rw * 1e6:.2f} us per event (ratio {kw / rw:.2f}); capture on the "
+          f"engine thread {kc * 1e6:.0f} vs {rc * 1e6:.0f} us per step (ratio {kc / rc:.2f})")
 
 
 def seek(path: Path, n: int) -> None:
@@ -233,6 +258,7 @@ def overhead(model: Path, tmp: Path, runs: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only-hashes", action="store_true", help="run part 4 only")
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--seeks", type=int, default=200)
@@ -244,9 +270,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         model = tiny_model(tmp / "tiny")
+        if args.only_hashes:
+            hash_keying(model, tmp, min(args.events, 30_000), args.runs)
+            return
         session = tmp / "big.kvscope"
         record_big(model, session, args.events)
         seek(session, args.seeks)
+        hash_keying(model, tmp, min(args.events, 30_000), args.runs)
         overhead(model, tmp, args.runs)
 
 

@@ -9,8 +9,13 @@ touch never overlap by a rounding error):
   events for evictions and prefix-cache resets; counter tracks "blocks" (free / active / cached)
   and "token hit rate" (cumulative, and for the step's admissions).
 - process "requests": one track per request with back-to-back spans "queued", "prefill",
-  "decode" (and "preempted" / "recompute" after a preemption), and instant events for
-  preemptions, cancellations and rejections. Phase changes are taken from the events' own times.
+  "decode" (and "preempted" / "recompute" after a preemption), and instant events for cache
+  hits, copy-on-write, preemptions, cancellations and rejections. Phase changes are taken from
+  the events' own times; every span carries the request's prompt / cached / output tokens and
+  salt digest. Forks are named "request 7 (sample 2 of 3, forked from request 5)".
+
+The trace starts when the recording started: a request already running then is drawn in the
+phase it was in from time 0; requests finished before it are left out.
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ def chrome_trace(reader: SessionReader) -> dict:
     steps = reader.steps()
     requests = reader.requests()
     events = reader.events_between(reader.first_step, reader.last_step) if steps else []
-    starts = [reader.meta.monotonic_t0] + [s.start_s for s in steps[:1]] + \
-             [r.arrival_s for r in requests]
-    t0_ns = round(min(starts) * 1e9)
+    # The trace starts when the recording did: what happened before (requests that arrived
+    # earlier) is clipped to that instant.
+    t0_ns = round(reader.meta.monotonic_t0 * 1e9)
+    # the first recorded step also publishes what the engine buffered before the recording
+    events = [e for e in events if e.time_ns >= t0_ns]
 
     def us(seconds: float) -> int:
-        return (round(seconds * 1e9) - t0_ns) // 1000
+        return max(0, round(seconds * 1e9) - t0_ns) // 1000
 
     def us_ns(time_ns: int) -> int:
-        return (time_ns - t0_ns) // 1000
+        return max(0, time_ns - t0_ns) // 1000
 
     out: list[dict] = []
     meta = [(ENGINE_PID, "engine", 0), (REQUESTS_PID, "requests", 1)]
@@ -93,7 +100,8 @@ def chrome_trace(reader: SessionReader) -> dict:
             rate["step"] = s.hit_tokens / s.query_tokens
         out.append(dict(ph="C", pid=ENGINE_PID, tid=0, name="token hit rate", ts=b, args=rate))
 
-    out += _request_tracks(requests, events, us, us_ns, end_of_session)
+    out += _request_tracks(requests, events, reader.meta.monotonic_t0, us, us_ns,
+                           end_of_session)
     for e in events:
         if e.kind in (ev.EVICTED, ev.RESET):
             name = (f"evicted {len(e.blocks)} block(s)" if e.kind == ev.EVICTED
@@ -109,7 +117,31 @@ def chrome_trace(reader: SessionReader) -> dict:
         block_size=m.block_size, num_blocks=m.num_blocks, complete=m.complete))
 
 
-def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
+def _phase_at_start(r: RecordedRequest, t0: float) -> str | None:
+    """What a request was doing when the recording started at t0 (None: not there yet, a fork
+    still to come, or finished before)."""
+    def before(t: float | None) -> bool:
+        return t is not None and t <= t0
+
+    if before(r.finished_s):
+        return None
+    if before(r.first_token_s):
+        return "decode"
+    if before(r.first_scheduled_s):
+        return "prefill"
+    if r.parent_id is None or before(r.arrival_s):
+        return "queued"
+    return None
+
+
+def _request_args(r: RecordedRequest | None, rid: int) -> dict:
+    if r is None:
+        return dict(request=rid)
+    return dict(request=rid, prompt_tokens=r.prompt_tokens, cached_tokens=r.cached_tokens,
+                output_tokens=r.output_tokens, salt_digest=r.salt_digest)
+
+
+def _request_tracks(requests: list[RecordedRequest], events, t0: float, us, us_ns,
                     end_of_session: int) -> list[dict]:
     out = []
     by_id = {r.request_id: r for r in requests}
@@ -117,9 +149,11 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
     last_prefill: dict[int, int] = {}
     preempted: set[int] = set()
     done: set[int] = set()  # finished: later events of the step (its DECODE) change nothing
-    tid = {r.request_id: i + 1 for i, r in enumerate(requests)}
+    tid: dict[int, int] = {}
+    args = {r.request_id: _request_args(r, r.request_id) for r in requests}
 
     def track(rid: int) -> int:
+        args.setdefault(rid, _request_args(None, rid))
         if rid not in tid:
             tid[rid] = len(tid) + 1
         return tid[rid]
@@ -128,7 +162,7 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
         if rid in open_span:
             phase, start = open_span.pop(rid)
             out.append(dict(ph="X", pid=REQUESTS_PID, tid=track(rid), name=phase, ts=start,
-                            dur=max(0, t - start), cat="request", args=dict(request=rid)))
+                            dur=max(0, t - start), cat="request", args=args[rid]))
 
     def enter(rid: int, phase: str, t: int) -> None:
         if rid in open_span:
@@ -138,11 +172,14 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
 
     def instant(rid: int, name: str, t: int, e) -> None:
         out.append(dict(ph="i", s="t", pid=REQUESTS_PID, tid=track(rid), name=name, ts=t,
-                        cat=e.kind, args=dict(step=e.step, detail=e.detail)))
+                        cat=e.kind, args=dict(step=e.step, detail=e.detail,
+                                              blocks=list(e.blocks))))
 
     for r in requests:
-        if r.parent_id is None:
-            open_span[r.request_id] = ("queued", us(r.arrival_s))
+        phase = _phase_at_start(r, t0)
+        if phase is not None:
+            track(r.request_id)
+            open_span[r.request_id] = (phase, us(r.arrival_s))  # clipped to the start
     for e in events:
         rid, kind = e.request_id, e.kind
         if rid is None or rid in done:
@@ -160,6 +197,10 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
                 enter(rid, "decode", last_prefill.get(rid, t))
         elif kind == ev.FORKED:
             enter(rid, "decode", t)
+        elif kind == ev.CACHE_HIT:
+            instant(rid, f"cache hit: {len(e.blocks)} block(s)", t, e)
+        elif kind == ev.COW:
+            instant(rid, "copy-on-write", t, e)
         elif kind == ev.PREEMPTED:
             enter(rid, "preempted", t)
             preempted.add(rid)
@@ -176,7 +217,8 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
         r = by_id.get(rid)
         name = f"request {rid}"
         if r is not None and r.parent_id is not None:
-            name += f" (sample {r.sample_index} of {r.parent_id})"
+            n = r.params.get("n", "?")
+            name += f" (sample {r.sample_index + 1} of {n}, forked from request {r.parent_id})"
         out.append(dict(ph="M", pid=REQUESTS_PID, tid=t, name="thread_name",
                         args=dict(name=name)))
         out.append(dict(ph="M", pid=REQUESTS_PID, tid=t, name="thread_sort_index",
@@ -184,10 +226,35 @@ def _request_tracks(requests: list[RecordedRequest], events, us, us_ns,
     return out
 
 
+SIDECARS = ("", "-wal", "-shm", "-journal")
+
+
+def check_output(session_path: str | os.PathLike, out_path: str | os.PathLike) -> None:
+    """Raise ValueError if writing `out_path` would overwrite the session or one of its SQLite
+    sidecars (the same file by any name: symlinks and hard links are compared by inode)."""
+    out = Path(out_path)
+    try:
+        out_stat = out.stat()
+    except OSError:
+        out_stat = None
+    for suffix in SIDECARS:
+        src = Path(f"{session_path}{suffix}")
+        try:
+            st = src.stat()
+        except OSError:
+            st = None
+        same = (st is not None and out_stat is not None
+                and (st.st_dev, st.st_ino) == (out_stat.st_dev, out_stat.st_ino))
+        if same or out.resolve() == src.resolve():
+            raise ValueError(f"{out} is the session file {src}: refusing to overwrite the input "
+                             "(choose another output path)")
+
+
 def export_chrome_trace(session, out_path: str | os.PathLike) -> Path:
     """`kvscope export SESSION --chrome-trace OUT.json`."""
     reader, owned = _open(session)
     try:
+        check_output(reader.path, out_path)
         trace = chrome_trace(reader)
     finally:
         if owned:
@@ -202,8 +269,10 @@ def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
     """`kvscope export SESSION --csv DIR`: DIR/requests.csv and DIR/steps.csv."""
     reader, owned = _open(session)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     try:
+        for name in ("", "requests.csv", "steps.csv"):
+            check_output(reader.path, out / name)
+        out.mkdir(parents=True, exist_ok=True)
         req_path = out / "requests.csv"
         names = [f.name for f in fields(RecordedRequest)]
         with open(req_path, "w", newline="", encoding="utf-8") as f:

@@ -40,6 +40,7 @@ from kvscope.sessions.errors import (
     SessionError,
     TruncatedSessionError,
 )
+from kvscope.sessions.lock import holder
 from kvscope.sessions.replay import PoolReplay
 from kvscope.sessions.schema import TOTALS
 
@@ -121,6 +122,9 @@ class SessionReader:
     def _open(self) -> sqlite3.Connection:
         p = self.path
         if not p.is_file():
+            if holder(p) is not None:
+                raise SessionError(f"{p}: the session is still being created; open it again "
+                                   "in a moment")
             raise MissingSessionError(f"{p}: no such session file")
         size = p.stat().st_size
         with open(p, "rb") as f:
@@ -128,7 +132,7 @@ class SessionReader:
         wal = Path(f"{p}-wal")
         has_wal = wal.is_file() and wal.stat().st_size > 0
         if not header.startswith(SQLITE_MAGIC[:len(header)]) or (not header and not has_wal):
-            raise NotASessionError(f"{p}: not a kvscope session (not an SQLite database)")
+            raise _unreadable(p, header, has_wal, "not an SQLite database")
         if len(header) < 100:
             raise TruncatedSessionError(f"{p}: truncated ({size} bytes, shorter than the "
                                         "SQLite header)")
@@ -148,7 +152,7 @@ class SessionReader:
                 # e.g. a WAL-mode file in a read-only folder: SQLite cannot create its -shm
                 conn = self._connect_copy(p, has_wal)
         except sqlite3.DatabaseError as e:
-            raise _db_error(p, e) from e
+            raise _unreadable(p, header, has_wal, e) from e
         try:
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -156,11 +160,10 @@ class SessionReader:
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as e:
             conn.close()
-            raise _db_error(p, e) from e
+            raise _unreadable(p, header, has_wal, e) from e
         if app_id != schema.APPLICATION_ID or "session" not in tables:
             conn.close()
-            raise NotASessionError(f"{p}: not a kvscope session (an SQLite database without "
-                                   "kvscope's tables)")
+            raise _unreadable(p, header, has_wal, "an SQLite database without kvscope's tables")
         missing = {"requests", "steps", "events", "keyframes"} - tables
         if version > schema.SCHEMA_VERSION:
             conn.close()
@@ -225,6 +228,16 @@ class SessionReader:
         self.keyframe_steps = [r[0] for r in conn.execute(
             "SELECT step FROM keyframes ORDER BY step")]
         self._step_columns = [r[1] for r in conn.execute("PRAGMA table_info(steps)")]
+
+    @property
+    def block_hashes(self) -> str:
+        """How the file stores block hashes: "keyed" (an HMAC under a key of the recording that
+        is not stored: chains and sharing are kept within the file, nothing compares across
+        files) or "raw" (the engine's short hashes; files written before this choice)."""
+        cols = {r[1] for r in self._query("PRAGMA table_info(session)")}
+        if "block_hashes" not in cols:
+            return "raw"
+        return self._query("SELECT block_hashes FROM session WHERE id = 1")[0][0] or "raw"
 
     def refresh(self) -> None:
         """Re-read the index: a session still being recorded has grown since it was opened."""
@@ -450,6 +463,25 @@ class SessionReader:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
             raise _db_error(self.path, e) from e
+
+
+def _unreadable(p: Path, header: bytes, has_wal: bool, why) -> SessionError:
+    """The error for a file that does not open as a session, naming the likelier cause when a
+    recording is creating it or its WAL sidecar is missing or foreign."""
+    if holder(p) is not None:
+        return SessionError(f"{p}: the session is still being created; open it again in a "
+                            "moment")
+    if header[18:20] == b"\x02\x02":  # WAL mode: recent pages may live only in PATH-wal
+        wal = Path(f"{p}-wal")
+        if not has_wal:  # (checked before SQLite opened it: that creates an empty one)
+            return CorruptSessionError(
+                f"{p}: unreadable, and its sidecar {wal.name} is missing (a recording still "
+                "running or killed keeps its latest data there: copy it along with the file)")
+        return CorruptSessionError(f"{p}: unreadable with the sidecar {wal.name} next to it "
+                                   "(is it stale, left by another recording?)")
+    if isinstance(why, sqlite3.DatabaseError):
+        return _db_error(p, why)
+    return NotASessionError(f"{p}: not a kvscope session ({why})")
 
 
 def _db_error(path: Path, e: sqlite3.DatabaseError) -> SessionError:

@@ -26,7 +26,11 @@ How the data gets out of the engine thread cheaply:
   the engine a GIL hand-off), turns raw copies into keyframe Snapshots (computed exactly as
   ``KVCacheManager.snapshot`` computes them), packs each step's events into one row, and writes
   the batch in one transaction of a few multi-row statements (WAL mode, synchronous=NORMAL: a
-  killed process loses at most the last interval, and the file always opens).
+  killed process loses at most the last interval, and the file always opens). About every
+  ``checkpoint_interval_s`` it checkpoints the WAL into the main file, so the file alone (copied
+  without its ``-wal``) holds all but the last second or so.
+- The file appears with its schema complete (written under a temporary name, then renamed), and
+  ``PATH.lock`` (see lock.py) keeps a second recorder off the path while this one records.
 - Nothing is ever dropped. If the writer falls behind (``lag_steps`` unwritten steps, or a
   commit older than ``lag_s``), ``status().lagging`` turns true, ``lag_episodes`` counts it and
   a warning is logged on ``kvscope.sessions``; the engine keeps going, the backlog stays in
@@ -62,11 +66,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import sqlite_utils
 
 from kvscope.engine import events as ev
-from kvscope.engine.snapshot import CacheCounters, PoolState
+from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 from kvscope.sessions import schema
+from kvscope.sessions.lock import SessionLock
 
 log = logging.getLogger("kvscope.sessions")
 
@@ -119,7 +125,8 @@ class Recorder:
     def __init__(self, path: str | os.PathLike, engine, *, record_text: bool = False,
                  keyframe_every: int = 64, keyframe_max_events: int = 20_000,
                  keyframe_budget: float = 0.005, flush_interval_s: float = 0.25,
-                 lag_steps: int = 10_000, lag_s: float = 5.0, overwrite: bool = False):
+                 lag_steps: int = 10_000, lag_s: float = 5.0, overwrite: bool = False,
+                 checkpoint_interval_s: float = 1.0, raw_hashes: bool = False):
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be >= 1")
         self.path = Path(path)
@@ -132,11 +139,17 @@ class Recorder:
         self.lag_steps = lag_steps
         self.lag_s = lag_s
         self.overwrite = overwrite
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._last_checkpoint = 0.0
+        self._replaced = False  # another file took our path while recording
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()  # set by close(): write what is left and stop
         self._thread: threading.Thread | None = None
         self._started = self._closed = False
         self._salt_key = secrets.token_bytes(32)  # never stored: digests only group salts
+        self.raw_hashes = raw_hashes
+        self._hash_key = secrets.token_bytes(32)  # never stored (see stored_hash)
+        self._keyed: dict[int, int] = {}  # writer thread: short hash -> stored value
         # engine-thread state
         self._live: dict[int, list] = {}  # unfinished request -> [status, its last output]
         self._steps_since_kf = 0
@@ -172,23 +185,19 @@ class Recorder:
         if cfg is not None and not getattr(cfg, "record_events", True):
             raise ValueError("recording needs EngineConfig(record_events=True): replaying the "
                              "block pool is driven by the engine's events")
-        if self.path.exists():
-            if not self.overwrite:
-                raise FileExistsError(f"{self.path} exists (pass overwrite=True to replace it)")
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{self.path}{suffix}")
-        self._t0 = time.monotonic()
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
-        conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        db = sqlite_utils.Database(conn)
-        conn.execute("BEGIN")
-        schema.create_tables(db, schema.step_record_columns())
-        conn.execute(*_insert("session", self._session_row()))
-        conn.execute("COMMIT")
+        self._lock = SessionLock.acquire(self.path)
+        try:
+            self._t0 = time.monotonic()
+            self._create()
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("SELECT count(*) FROM session").fetchone()  # opens the sidecars
+            self._inodes = {suffix: os.stat(f"{self.path}{suffix}").st_ino
+                            for suffix in ("", "-wal", "-shm")}
+        except BaseException:
+            self._lock.release()
+            raise
         self._conn = conn
         self._step_cols = ["step", *[c for c in schema.step_record_columns() if c != "step"]]
         self._started = True
@@ -200,6 +209,45 @@ class Recorder:
         self._thread.start()
         self._hook()
         return self
+
+    def _create(self) -> None:
+        """Write the schema and the session row under a temporary name, then move the file into
+        place: a reader never sees the path without kvscope's tables."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        for suffix in ("", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{tmp}{suffix}")
+        try:
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+                conn.execute("BEGIN")
+                schema.create_tables(sqlite_utils.Database(conn), schema.step_record_columns())
+                conn.execute(*_insert("session", self._session_row()))
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+        except sqlite3.Error as e:  # e.g. a full disk: an OSError, as for the lock file
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise OSError(f"cannot create {self.path}: {e}") from None
+        try:
+            if self.overwrite:
+                # we hold the lock: sidecars left here belong to a finished or dead recording,
+                # and a stale -wal would be applied to the new file
+                for suffix in ("-wal", "-shm", "-journal"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(f"{self.path}{suffix}")
+                os.replace(tmp, self.path)
+            else:
+                _link_new(tmp, self.path)
+        except FileExistsError:
+            raise FileExistsError(f"{self.path} exists (replace it with --overwrite, or "
+                                  "overwrite=True from Python)") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
     def close(self) -> RecorderStatus:
         """Stop recording, write everything captured, finalise the file. Call it from the thread
@@ -224,7 +272,19 @@ class Recorder:
                 self._fail(e)
         with contextlib.suppress(Exception):
             self._conn.close()
+        if self._replaced:
+            self._remove_own_sidecars()
+        self._lock.release()
         return self.status()
+
+    def _remove_own_sidecars(self) -> None:
+        """Our -wal and -shm, left next to a file that replaced ours, would be applied to it by
+        the next reader: remove them, but only if they are still ours (same inode)."""
+        for suffix in ("-wal", "-shm"):
+            name = f"{self.path}{suffix}"
+            with contextlib.suppress(OSError):
+                if os.stat(name).st_ino == self._inodes[suffix]:
+                    os.remove(name)
 
     def status(self) -> RecorderStatus:
         backlog = self._captured - self._written
@@ -341,6 +401,8 @@ class Recorder:
             if batch and self._error is None:
                 try:
                     self._write(batch)
+                    if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+                        self._checkpoint()
                 except Exception as e:  # noqa: BLE001
                     self._fail(e)
                     with contextlib.suppress(Exception):
@@ -348,6 +410,13 @@ class Recorder:
             self._check_lag()
             if stopping:
                 return
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the main file, so that the file alone (copied without its -wal, or
+        left by a killed process) holds all but the last interval."""
+        self._check_same_file()
+        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        self._last_checkpoint = time.monotonic()
 
     def _check_lag(self) -> None:
         backlog = self._captured - self._written
@@ -369,7 +438,7 @@ class Recorder:
             for i, (rec, events) in enumerate(cap.steps):
                 n = len(events)
                 if n:
-                    event_rows.append(schema.pack_events(rec.step, events))
+                    event_rows.append(schema.pack_events(rec.step, self._keyed_events(events)))
                     num_events += n
                 row = [getattr(rec, c) for c in self._step_cols]
                 if i == last:
@@ -381,7 +450,7 @@ class Recorder:
                 step_rows.append(row)
             if cap.raw is not None:
                 t = time.thread_time()
-                kf_rows.append(schema.encode_keyframe(cap.raw.snapshot()))
+                kf_rows.append(schema.encode_keyframe(self._keyframe(cap.raw)))
                 self._kf_build_s = time.thread_time() - t
         conn = self._conn
         conn.execute("BEGIN")
@@ -405,6 +474,36 @@ class Recorder:
         self._written += len(step_rows)
         self._events_written += num_events
         self._keyframes_written += len(kf_rows)
+
+    def stored_hash(self, short: int) -> int:
+        """The value this recording stores for a short block hash: unless ``raw_hashes``, an
+        HMAC-SHA256 of it under a random key of this recording that is never stored, cut to 64
+        bits (0, "no hash", stays 0). Equal blocks and chains stay equal within the file, but a
+        guessed prompt cannot be confirmed by hashing it with the model."""
+        if self.raw_hashes or not short:
+            return short
+        keyed = self._keyed.get(short)
+        if keyed is None:
+            if len(self._keyed) >= 1 << 20:  # bound the cache of a very long recording
+                self._keyed.clear()
+            digest = hmac.new(self._hash_key, short.to_bytes(8, "little"), hashlib.sha256)
+            keyed = self._keyed[short] = int.from_bytes(digest.digest()[:8], "little") or 1
+        return keyed
+
+    def _keyed_events(self, events: list[tuple]) -> list[tuple]:
+        if self.raw_hashes:
+            return events
+        key = self.stored_hash
+        return [e if not e[5] else (*e[:5], tuple(map(key, e[5])), e[6]) for e in events]
+
+    def _keyframe(self, raw: PoolState) -> Snapshot:
+        snap = raw.snapshot()
+        if not self.raw_hashes:
+            key = self.stored_hash
+            for name in ("block_hash", "parent_hash"):
+                a = getattr(snap, name)
+                setattr(snap, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))
+        return snap
 
     def _salt_digest(self, salt: str | None) -> str | None:
         if salt is None:
@@ -435,7 +534,18 @@ class Recorder:
         return row
 
     # ------------------------------------------------------------- finalise
+    def _check_same_file(self) -> None:
+        try:
+            inode = os.stat(self.path).st_ino
+        except OSError:
+            inode = None
+        if inode != self._inodes[""]:
+            self._replaced = True
+            raise RuntimeError(f"{self.path} was removed or replaced by another process while "
+                               "recording: what this recorder wrote is not at that path")
+
     def _finalise(self, leftover: list[_RequestInfo]) -> None:
+        self._check_same_file()  # never finalise, checkpoint or delete another file's sidecars
         conn = self._conn
         conn.execute("BEGIN")
         if leftover:
@@ -479,7 +589,20 @@ class Recorder:
                     machine=json.dumps(_machine()), device=_device(engine),
                     started_at=_now_iso(), started_unix=time.time(), monotonic_t0=self._t0,
                     record_text=int(self.record_text), keyframe_every=self.keyframe_every,
+                    block_hashes="raw" if self.raw_hashes else "keyed",
                     complete=0, num_steps=0, num_events=0)
+
+
+def _link_new(src: Path, dst: Path) -> None:
+    """Give `src` the name `dst` unless `dst` exists (atomically where hard links work)."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links
+        if dst.exists():
+            raise FileExistsError(dst) from None
+        os.replace(src, dst)
 
 
 def _metrics_row(m) -> dict:

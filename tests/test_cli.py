@@ -75,7 +75,8 @@ def test_run_two_tenants_summary_matches_the_engine(engines, capsys):
     assert err == ""
 
 
-def test_run_eviction_pressure_on_a_small_pool_with_progress(engines, capsys):
+def test_run_eviction_pressure_on_a_small_pool_with_progress(engines, capsys, monkeypatch):
+    monkeypatch.setattr(type(cli.sys.stderr), "isatty", lambda self: True)  # as on a terminal
     argv = ["run", "--workload", "eviction_pressure.jsonl", "--num-blocks", "48",
             "--threads", "1"]
     assert cli.main(argv) == 0

@@ -19,7 +19,8 @@ def main() -> None:
     torch.set_num_threads(1)
     model_dir, path = sys.argv[1], sys.argv[2]
     engine = make_engine(model_dir)
-    rec = Recorder(path, engine, keyframe_every=10, flush_interval_s=0.05).start()
+    rec = Recorder(path, engine, keyframe_every=10, flush_interval_s=0.05,
+                   raw_hashes=True).start()  # the digests are of the live hashes
 
     def on_step(e):
         print(f"digest {e.num_steps - 1} {snapshot_digest(e.snapshot())}", flush=True)

@@ -3,6 +3,8 @@ block event, and a digest of a Snapshot. A uniquely named module, not conftest."
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import random
 
@@ -100,3 +102,17 @@ def snapshot_digest(s: Snapshot) -> str:
                    s.num_requests_queried, s.num_requests_hit, s.num_evicted_blocks,
                    s.num_cow_copies]).encode())
     return h.hexdigest()
+
+
+def stored(snap: Snapshot, rec) -> Snapshot:
+    """A live snapshot as recorder `rec` stores it: block hashes through rec.stored_hash."""
+    out = copy.copy(snap)
+    for name in ("block_hash", "parent_hash"):
+        a = getattr(snap, name)
+        setattr(out, name, np.array([rec.stored_hash(int(h)) for h in a], dtype=np.uint64))
+    return out
+
+
+def stored_event(e, rec):
+    """A live event as recorder `rec` stores it."""
+    return dataclasses.replace(e, hashes=tuple(rec.stored_hash(h) for h in e.hashes))

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from session_testutil import drive, make_engine, prompt, snapshot_digest
+from session_testutil import drive, make_engine, prompt, snapshot_digest, stored, stored_event
 
 from kvscope.engine import SamplingParams
 from kvscope.engine import events as ev
@@ -41,9 +41,12 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, 
         assert s.meta.complete and s.meta.block_size == 4 and s.meta.num_blocks == 40
         assert (s.first_step, s.last_step) == (0, len(live) - 1)
         published = engine.published  # (step of the update, event), as the engine sent them
+        assert s.block_hashes == "keyed"
+        published = [(st, stored_event(e, rec)) for st, e in published]
         assert s.events_between(s.first_step, s.last_step) == [e for _, e in published]
         for step in (0, 5, len(live) - 1):
             assert s.events_at(step) == [e for st, e in published if st == step]
+        live = [stored(x, rec) for x in live]  # hashes as this file stores them
         kinds = {e.kind for _, e in published}
         assert set(ev.BLOCK_EVENTS) <= kinds, set(ev.BLOCK_EVENTS) - kinds  # all exercised
         assert {ev.PREEMPTED, ev.CANCELLED, ev.REJECTED} <= kinds
@@ -67,15 +70,15 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, tiny_model_dir, 
 def test_replay_equals_live_under_each_eviction_policy(tmp_path, tiny_model_dir, policy):
     """Replay drives the engine's own BlockPool under the recorded policy, restarting from
     keyframes: every step equals the live snapshot."""
-    engine, live, path, _ = record(tmp_path, tiny_model_dir, policy=policy, keyframe_every=7,
-                                   keyframe_budget=1.0)
+    engine, live, path, rec = record(tmp_path, tiny_model_dir, policy=policy, keyframe_every=7,
+                                     keyframe_budget=1.0)
     assert engine.counters().num_evicted_blocks > 0  # the policy chose victims
     with SessionReader(path) as s:
         assert s.meta.engine_config["eviction_policy"] == policy
         order = list(range(len(live)))
         random.Random(1).shuffle(order)
         for i in order:
-            assert s.snapshot_at(i).equals(live[i]), f"step {i}"
+            assert s.snapshot_at(i).equals(stored(live[i], rec)), f"step {i}"
         assert s.verify() == []
 
 
@@ -85,7 +88,7 @@ def test_round_trip_without_prefix_caching_and_in_the_naive_loop(tmp_path, tiny_
                                                                  config):
     engine = make_engine(tiny_model_dir, **config)
     live = []
-    with Recorder(tmp_path / "cfg.kvscope", engine, keyframe_every=5):
+    with Recorder(tmp_path / "cfg.kvscope", engine, keyframe_every=5, raw_hashes=True):
         if engine.config.enable_kv_cache:
             drive(engine, max_steps=30, on_step=lambda e: live.append(e.snapshot()))
         else:  # n > 1 is not used: the engine's naive loop cannot fork (reported)
@@ -97,6 +100,7 @@ def test_round_trip_without_prefix_caching_and_in_the_naive_loop(tmp_path, tiny_
     with SessionReader(tmp_path / "cfg.kvscope") as s:
         assert s.num_steps == len(live) and s.meta.engine_config["enable_kv_cache"] == \
             config.get("enable_kv_cache", True)
+        assert s.block_hashes == "raw"
         assert all(s.snapshot_at(x.step).equals(x) for x in live)
 
 
@@ -251,7 +255,7 @@ def test_a_session_being_recorded_can_be_read(tmp_path, tiny_model_dir):
         time.sleep(0.01)
     with SessionReader(path) as s:
         assert not s.meta.complete and s.num_steps == 30
-        assert all(s.snapshot_at(i).equals(live[i]) for i in range(30))
+        assert all(s.snapshot_at(i).equals(stored(live[i], rec)) for i in range(30))
     rec.close()
 
 
@@ -268,7 +272,7 @@ def test_refuses_to_overwrite_and_needs_events(tmp_path, tiny_model_dir):
 
 
 def test_reading_a_session_never_imports_torch(tmp_path, tiny_model_dir):
-    _, live, path, _ = record(tmp_path, tiny_model_dir)
+    _, live, path, rec = record(tmp_path, tiny_model_dir)
     code = (
         "import sys\n"
         "from kvscope.sessions import SessionReader\n"
@@ -284,7 +288,7 @@ def test_reading_a_session_never_imports_torch(tmp_path, tiny_model_dir):
     out = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == snapshot_digest(live[-4])
+    assert out.stdout.strip() == snapshot_digest(stored(live[-4], rec))
 
 
 def test_packed_events_round_trip_odd_cases():
