@@ -190,14 +190,13 @@ def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float,
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+                            k_scale, v_scale, max_seqlen_q: int) -> torch.Tensor:
+    """``max_seqlen_q``: the longest query length, a host int (sizes the grid)."""
     q = _check(q, k_cache, v_cache)
     out = torch.empty_like(q)
     batch = context_lens.shape[0]
     if q.shape[0] == 0 or batch == 0:
         return out
-    if max_seqlen_q is None:
-        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
     num_heads, head_dim = q.shape[1], q.shape[2]
     grid = (batch, num_heads, triton.cdiv(max_seqlen_q, PREFILL_BLOCK_M))
@@ -220,18 +219,17 @@ def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale=1.0, v_scale=1.0, num_splits=None) -> torch.Tensor:
+                           k_scale, v_scale, max_seqlen_k: int, num_splits=None) -> torch.Tensor:
+    """``max_seqlen_k``: the longest context, a host int (sizes the split-K partitions)."""
     q = _check(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     if batch == 0:
         return out
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
-    # The table width bounds the context without reading context_lens back from the device.
-    max_context = block_tables.shape[1] * page
     if num_splits is None:
-        num_splits = choose_num_splits(max_context, batch, num_kv_heads)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), BLOCK_N) * BLOCK_N
+        num_splits = choose_num_splits(max_seqlen_k, batch, num_kv_heads)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), BLOCK_N) * BLOCK_N
     k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
     part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
