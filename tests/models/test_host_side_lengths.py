@@ -8,22 +8,11 @@ import os
 import pytest
 import torch
 from model_testutil import BlockAllocator, PagedSeq, random_prompt
-from torch.overrides import TorchFunctionMode
 
 from kvscope import kernels
+from kvscope.engine.host_sync import HostSyncError, no_host_sync
 from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
-
-# What copies a device value to the host (or waits for the device to know a size).
-READ_BACKS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__index__,
-              torch.Tensor.__bool__, torch.Tensor.__float__, torch.Tensor.nonzero, torch.nonzero}
-
-
-class ForbidReadBack(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in READ_BACKS:
-            raise AssertionError(f"read back from the device: {func.__name__}")
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ def test_the_detector_catches_a_launcher_that_reads_lengths_back():
     q = torch.randn(2, 2, 8)
     cache = torch.randn(4, 4, 1, 8)
     tables = torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32)
-    with ForbidReadBack(), pytest.raises(AssertionError, match="read back"):
+    with no_host_sync("cpu"), pytest.raises(HostSyncError, match="tolist"):
         kernels.paged_decode_attention(q, cache, cache, tables, lens, 0.3, impl="torch")
 
 
@@ -75,7 +64,7 @@ def test_the_detector_catches_a_launcher_that_reads_lengths_back():
 def test_triton_forward_reads_nothing_back(runner):
     alloc = BlockAllocator(32, seed=2)
     a, b = (PagedSeq(random_prompt(n, seed=n), alloc, 4) for n in (11, 5))
-    with ForbidReadBack():
+    with no_host_sync("cpu"):
         runner.run([a.chunk(6, want_logits=False)])           # prefill
         runner.run([a.chunk(), b.chunk()])                   # prefill over a cached prefix
         for s in (a, b):
