@@ -19,6 +19,7 @@ PREFILL_BLOCK_M = 32
 BLOCK_N = 32
 DECODE_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 16
+DECODE_NUM_WARPS = 4  # triton's default; scripts/gpu_check.py sweeps it with BLOCK_N
 
 
 def _dot_options(q: torch.Tensor) -> dict:
@@ -244,7 +245,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        **_dot_options(q),
+        num_warps=DECODE_NUM_WARPS, **_dot_options(q),
     )
     _decode_reduce_kernel[(batch, num_heads)](
         part_m, part_l, part_acc, out, v_scale, out.stride(0), out.stride(1),
