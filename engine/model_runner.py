@@ -59,6 +59,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.cache_dtype = kernels.kv_cache_dtype_of(kv_cache_dtype, self.model_dtype)
+        if self.is_fp8 and self.kernels.name == "triton":
+            kernels.check_fp8_support(self.device)
         self.kv_cache = torch.zeros(
             cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
             dtype=self.cache_dtype, device=self.device)

@@ -2,6 +2,7 @@
 
 from kvscope.kernels.api import (
     KernelBackend,
+    check_fp8_support,
     copy_blocks,
     kernel_backend,
     kv_cache_dtype_of,
@@ -15,6 +16,7 @@ from kvscope.kernels.reference import FP8_MAX
 __all__ = [
     "FP8_MAX",
     "KernelBackend",
+    "check_fp8_support",
     "copy_blocks",
     "kernel_backend",
     "kv_cache_dtype_of",

@@ -74,6 +74,19 @@ def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBacken
     raise ValueError(f"impl must be 'torch', 'triton' or None, not {impl!r}")
 
 
+def check_fp8_support(device: str | torch.device) -> None:
+    """Triton loads and casts float8 e4m3 only on compute capability 8.9+ (Ada, Hopper): say so
+    when the cache is made, not with a compiler error at the first step."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"an fp8 KV cache needs a GPU of compute capability 8.9 or newer for "
+                         f"the triton kernels (this one is {major}.{minor}); use float16 or "
+                         f"bfloat16")
+
+
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0,
              impl=None) -> None:
     """Write ``key``/``value`` ``[num_tokens, kv_heads, head_dim]`` into the cache slots;

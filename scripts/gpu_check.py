@@ -607,20 +607,21 @@ def check_sync(report: Report, folder: Path, plan: Plan, device) -> None:
 
 
 def _check_engine_step(report: Report, folder: Path, device) -> None:
-    """One engine decode step: its host syncs (the sampler's transfer is the one expected) and
-    whether its forward timing came from CUDA events."""
+    """An engine decode step: its host syncs (the sampler's transfer is the one expected) and
+    whether its forward timing came from CUDA events; then the triton kernels compiled while
+    contexts grow past block and split boundaries (none should be: a compile stalls a step)."""
     import torch
 
     from kvscope.engine import Engine, EngineConfig, SamplingParams
 
+    case = "engine decode step (4 seqs)"
     if device.type != "cuda":
-        report.add("sync", "engine decode step (4 seqs)", None, "CPU dry run: no CUDA syncs",
-                   "<= 1 sync; CUDA-event timing")
+        report.add("sync", case, None, "CPU dry run: no CUDA syncs", "<= 1 sync; CUDA-event timing")
         return
     engine = Engine.from_pretrained(str(folder), EngineConfig(
-        device=device.type, dtype="bfloat16", num_blocks=64, block_size=BLOCK_SIZE))
-    for n in (20, 9, 33, 4):
-        engine.add_request(list(range(3, 3 + n)), SamplingParams(max_tokens=8, ignore_eos=True))
+        device=device.type, dtype="bfloat16", num_blocks=256, block_size=BLOCK_SIZE))
+    for n in (250, 9, 33, 4):  # the longest crosses 256 tokens: the decode split count changes
+        engine.add_request(list(range(3, 3 + n)), SamplingParams(max_tokens=24, ignore_eos=True))
     for _ in range(3):  # prefill, then decode steps
         engine.step()
     events = []
@@ -644,12 +645,35 @@ def _check_engine_step(report: Report, folder: Path, device) -> None:
     engine.step()  # a step later: where the timing may be read from its events
     decode_s = max(r.decode_s for r in engine.step_records[-2:])
     timed = sum(events) >= 2 and decode_s > 0
-    report.add("sync", "engine decode step (4 seqs)", syncs <= 1 and timed,
+    report.add("sync", case, syncs <= 1 and timed,
                f"{syncs} host syncs; timing from CUDA events: {'yes' if timed else 'no'} "
                f"(decode {decode_s * 1e3:.2f} ms)", "<= 1 sync; CUDA-event timing",
                {"syncs": syncs, "timing_events": sum(events), "decode_s": decode_s})
+    before = _compiled_variants()
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    after = _compiled_variants()
+    grown = None if before is None or after is None else after - before
+    report.add("sync", f"kernel compilations in {steps} later decode steps",
+               None if grown is None else grown == 0,
+               "not countable in this triton" if grown is None else str(grown), "0",
+               {"before": before, "after": after})
     del engine
     _free(device)
+
+
+def _compiled_variants() -> int | None:
+    """Compiled variants of the attention and store kernels (triton internals: best effort)."""
+    from kvscope.kernels import triton_attention, triton_store
+
+    kernels = (triton_attention._prefill_kernel, triton_attention._decode_split_kernel,
+               triton_attention._decode_reduce_kernel, triton_store._store_kv_kernel)
+    try:
+        return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None
 
 
 # --------------------------------------------------------------------------------- 5. NVML
