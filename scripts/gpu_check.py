@@ -67,8 +67,8 @@ class Plan:
     decode: list[tuple[int, int]]             # batch, longest context
     prefill: list[tuple[int, int]]            # (context incl. new tokens, new tokens) per seq
     store_tokens: int
-    overflow: bool                            # a cache past 2^31 elements (64 x 32k, fp16)
-    bandwidth: list[tuple[int, int]]          # context, batch
+    overflow: tuple[int, int]                 # batch x context: past 2^31 cache elements
+    bandwidth: list[tuple[int, int]]          # context, batch; the last is the target case
     sweep: list[tuple]                        # (num_splits, BLOCK_N, num_warps) at the target
     timing_iters: int
     model: dict                               # transformers.LlamaConfig fields
@@ -83,8 +83,8 @@ class Plan:
                         rms_norm_eps=1e-5, max_position_embeddings=131072)
         if dry:
             return Plan([("GQA 4/2 d64", 4, 2, 64), ("MQA 2/1 d128", 2, 1, 128)],
-                        [(1, 70), (3, 40)], [(40, 20), (9, 9), (5, 1)], 24, False,
-                        [(32, 1), (32, 2)], [], 1,
+                        [(1, 70), (3, 40)], [(40, 20), (9, 9), (5, 1)], 24, (2, 40),
+                        [(32, 1), (32, 2)], [(2, 32, 4)], 1,
                         dict(vocab_size=320, hidden_size=64, intermediate_size=128,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                              rms_norm_eps=1e-5, max_position_embeddings=512),
@@ -93,12 +93,13 @@ class Plan:
                    ("MQA 16/1 d128", 16, 1, 128)]
         if quick:
             return Plan(layouts[:2], [(1, 8192), (16, 4096)], [(8192, 256), (700, 700), (17, 1)],
-                        2048, True, [(8192, 16), (32768, 16)], [(8, 32, 4), (32, 32, 4)], 10,
+                        2048, (64, 32768), [(8192, 16), (32768, 16)], [(8, 32, 4), (32, 32, 4)],
+                        10,
                         llama_8b,
                         [500, 37, 5], 16, 128)
         return Plan(layouts, [(1, 32768), (16, 8192), (64, 2048)],
-                    [(32768, 512), (8192, 2048), (1500, 1500), (17, 1)], 4096, True,
-                    [(8192, 1), (8192, 16), (8192, 64), (32768, 1), (32768, 16), (32768, 64)],
+                    [(32768, 512), (8192, 2048), (1500, 1500), (17, 1)], 4096, (64, 32768),
+                    [(8192, 1), (8192, 16), (8192, 64), (32768, 1), (32768, 64), (32768, 16)],
                     [(s, n, w) for s in (8, 32) for n in (32, 64) for w in (4, 8)], 20, llama_8b,
                     [600, 300, 37, 5], 24, 128)
 
@@ -263,8 +264,9 @@ def check_kernels(report: Report, plan: Plan, device) -> None:
             seed += 1
             _check_store(report, f"store {lname} {dname} {plan.store_tokens} tokens", triton, ref,
                          plan.store_tokens, kv_heads, head_dim, cdt, qdt, device, seed)
-    if plan.overflow and not report.out_of_time("kernels", "int64 offsets"):
-        report.attempt("kernels", "int64 offsets", _check_overflow, report, triton, ref, device)
+    if not report.out_of_time("kernels", "int64 offsets"):
+        report.attempt("kernels", "int64 offsets", _check_overflow, report, triton, ref, device,
+                       *plan.overflow)
 
 
 def _lengths(batch: int, max_ctx: int, seed: int) -> list[int]:
@@ -319,27 +321,28 @@ def _check_store(report, case, triton, ref, num_tokens, kv_heads, head_dim, cdt,
     report.add("kernels", case, ok, value, target, data)
 
 
-def _check_overflow(report, triton, ref, device) -> None:
+def _check_overflow(report, triton, ref, device, batch: int, ctx_len: int) -> None:
     """64 sequences of 32k tokens (Llama 3 8B KV heads, fp16): the cache passes 2^31 elements,
     so any int32 offset arithmetic reads or writes the wrong place."""
     import torch
 
-    lens, kv_heads, head_dim = [32768] * 64, 8, 128
+    lens, kv_heads, head_dim = [ctx_len] * batch, 8, 128
     k, v, tables, gen = paged_case(lens, kv_heads, head_dim, torch.float16, device, seed=99,
-                                   spare_blocks=4096)
-    report.add("kernels", "int64 offsets: cache elements", None, f"{k.numel():,}", "> 2^31",
-               {"elements": k.numel()})
-    q = torch.randn(64, 32, head_dim, generator=gen, device=device).half()
+                                   spare_blocks=4096 if ctx_len > 1024 else 3)
+    report.add("kernels", "int64 offsets: cache elements", None, f"{k.numel():,}",
+               f"> 2^31 = {2**31:,}", {"elements": k.numel()})
+    q = torch.randn(batch, 32, head_dim, generator=gen, device=device).half()
     ctx = torch.tensor(lens, dtype=torch.int32, device=device)
-    args = (q, k, v, tables, ctx, head_dim**-0.5, 1.0, 1.0, 32768)
+    args = (q, k, v, tables, ctx, head_dim**-0.5, 1.0, 1.0, ctx_len)
     ok, data = compare(triton.paged_decode_attention(*args), ref.paged_decode_attention(*args),
                        *ATTN_TOL["float16"])
-    report.add("kernels", "int64 offsets: decode 64 x 32k GQA 32/8 d128 fp16", ok,
+    report.add("kernels", f"int64 offsets: decode {batch} x {ctx_len} GQA 32/8 d128 fp16", ok,
                _err_text(data), _tol_text("float16"), data)
     num_blocks = k.shape[0]
     del k, v, q, args
-    _check_store(report, "int64 offsets: store into a 2^31+ cache", triton, ref, 4096, kv_heads,
-                 head_dim, torch.float16, torch.float16, device, seed=98, num_blocks=num_blocks)
+    _check_store(report, f"int64 offsets: store into that {num_blocks}-block cache", triton, ref,
+                 min(4096, batch * ctx_len), kv_heads, head_dim, torch.float16, torch.float16,
+                 device, seed=98, num_blocks=num_blocks)
     _free(device)
 
 
@@ -402,7 +405,7 @@ def check_bandwidth(report: Report, plan: Plan, device) -> None:
         q = torch.randn(batch, heads, head_dim, generator=gen, device=device).half()
         ctx = torch.tensor([ctx_len] * batch, dtype=torch.int32, device=device)
         kv_bytes = 2 * batch * ctx_len * kv_heads * head_dim * 2
-        is_target = (ctx_len, batch) == (32768, 16)
+        is_target = (ctx_len, batch) == plan.bandwidth[-1]
         args = (q, k, v, tables, ctx, head_dim**-0.5, 1.0, 1.0, ctx_len)
         for tuning in [None, *plan.sweep] if is_target else [None]:
             with _decode_tuning(tuning):
@@ -614,10 +617,7 @@ def _check_engine_step(report: Report, folder: Path, device) -> None:
 
     from kvscope.engine import Engine, EngineConfig, SamplingParams
 
-    case = "engine decode step (4 seqs)"
-    if device.type != "cuda":
-        report.add("sync", case, None, "CPU dry run: no CUDA syncs", "<= 1 sync; CUDA-event timing")
-        return
+    case, cuda = "engine decode step (4 seqs)", device.type == "cuda"
     engine = Engine.from_pretrained(str(folder), EngineConfig(
         device=device.type, dtype="bfloat16", num_blocks=256, block_size=BLOCK_SIZE))
     for n in (250, 9, 33, 4):  # the longest crosses 256 tokens: the decode split count changes
@@ -631,23 +631,27 @@ def _check_engine_step(report: Report, folder: Path, device) -> None:
         events.append(kwargs.get("enable_timing", False))
         return real_event(*args, **kwargs)
 
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.Event = counting_event
-    torch.cuda.set_sync_debug_mode("warn")
+    previous = torch.cuda.get_sync_debug_mode() if cuda else None
     try:
+        if cuda:
+            torch.cuda.Event = counting_event
+            torch.cuda.set_sync_debug_mode("warn")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             engine.step()
     finally:
-        torch.cuda.set_sync_debug_mode(previous)
-        torch.cuda.Event = real_event
+        if cuda:
+            torch.cuda.set_sync_debug_mode(previous)
+            torch.cuda.Event = real_event
     syncs = sum("synchroniz" in str(w.message) for w in caught)
     engine.step()  # a step later: where the timing may be read from its events
     decode_s = max(r.decode_s for r in engine.step_records[-2:])
     timed = sum(events) >= 2 and decode_s > 0
-    report.add("sync", case, syncs <= 1 and timed,
-               f"{syncs} host syncs; timing from CUDA events: {'yes' if timed else 'no'} "
-               f"(decode {decode_s * 1e3:.2f} ms)", "<= 1 sync; CUDA-event timing",
+    value = (f"{syncs} host syncs; timing from CUDA events: {'yes' if timed else 'no'} "
+             f"(decode {decode_s * 1e3:.2f} ms)")
+    report.add("sync", case, syncs <= 1 and timed if cuda else None,
+               value if cuda else "CPU dry run: no CUDA syncs or events",
+               "<= 1 sync; CUDA-event timing",
                {"syncs": syncs, "timing_events": sum(events), "decode_s": decode_s})
     before = _compiled_variants()
     steps = 0
