@@ -4,7 +4,6 @@ install and without Qt, psutil or sqlite-utils (none of which the GPU machine ha
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -91,13 +90,12 @@ def test_bad_arguments_get_one_line_and_exit_2(bare_env, tmp_path):
 def test_greedy_comparison_tolerates_only_bf16_near_ties(monkeypatch):
     import torch
 
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # dataclasses look it up
-    spec.loader.exec_module(gpu_check)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from gpucheck.engine import compare_greedy
+
     logits = [torch.tensor([4.0, 1.0, 0.0]), torch.tensor([2.0, 4.0, 4.0 - 2.0**-5])]
-    assert gpu_check.compare_greedy([0, 1], [0, 1], logits) == (True, "equal")
-    ok, text = gpu_check.compare_greedy([0, 2], [0, 1], logits)  # 1 bf16 step below the top
+    assert compare_greedy([0, 1], [0, 1], logits) == (True, "equal")
+    ok, text = compare_greedy([0, 2], [0, 1], logits)  # 1 bf16 step below the top
     assert ok and text.startswith("near-tie at token 1")
-    ok, text = gpu_check.compare_greedy([1, 1], [0, 1], logits)  # 3.0 below the top
+    ok, text = compare_greedy([1, 1], [0, 1], logits)  # 3.0 below the top
     assert not ok and text.startswith("DIFFERS at token 0")
