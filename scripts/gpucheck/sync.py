@@ -15,7 +15,6 @@ from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.host_sync import no_host_sync
 from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
-from kvscope.kernels import triton_attention, triton_store
 
 
 def check_sync(report: Report, folder: Path, plan: Plan, device) -> None:
@@ -109,6 +108,8 @@ def check_engine_step(report: Report, folder: Path, device) -> None:
 
 def _compiled_variants() -> int | None:
     """Compiled variants of the attention and store kernels (triton internals: best effort)."""
+    from kvscope.kernels import triton_attention, triton_store
+
     kernels = (triton_attention._prefill_kernel, triton_attention._decode_split_kernel,
                triton_attention._decode_reduce_kernel, triton_store._store_kv_kernel)
     try:

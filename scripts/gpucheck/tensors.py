@@ -22,7 +22,6 @@ def scales(cache_dtype) -> tuple[float, float]:
     return (0.5, 0.25) if cache_dtype == torch.float8_e4m3fn else (1.0, 1.0)
 
 
-
 def random_cache(num_blocks, kv_heads, head_dim, cache_dtype, device, gen):
     """Random stored values (garbage everywhere: a wrong slot read shows up)."""
     x = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen, device=device)
@@ -53,12 +52,10 @@ def compare(got, want, atol: float, rtol: float) -> tuple[bool, dict]:
     return ratio <= 1.0, {"max_abs_err": diff.max().item(), "err_over_tol": ratio}
 
 
-
 def free_memory(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
 
 
 def time_call(fn, iters: int, device) -> float:
