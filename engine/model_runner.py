@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -21,7 +22,6 @@ from kvscope import kernels
 from kvscope.engine.loader import LoadedModel
 from kvscope.engine.models.attention import AttentionContext
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 FP8_HEADROOM = 2.0  # calibrated scale maps 2x the observed max to 448
 
 
@@ -39,8 +39,12 @@ def available_memory(device: torch.device) -> int:
     """Bytes a new tensor can take now: free device memory on CUDA, available RAM elsewhere."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
+    try:
+        import psutil
+    except ImportError:  # (not on every machine the GPU check runs on): Linux's own estimate
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
     return psutil.virtual_memory().available
 
 
@@ -61,6 +65,16 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**27 else f"{n / 2**20:,.1f} MiB"
 
 
+@dataclass
+class ForwardBatch:
+    """Device inputs of one packed forward pass, built on the host from the chunks."""
+
+    input_ids: torch.Tensor   # int64 [T]
+    positions: torch.Tensor   # int64 [T]
+    ctx: AttentionContext
+    logit_rows: torch.Tensor  # int64: the rows of the chunks that want logits
+
+
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
@@ -68,7 +82,7 @@ class ModelRunner:
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
         forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests)."""
         self.device = torch.device(device)
-        self.kernel_impl = kernel_impl
+        self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
         self.config = cfg = loaded.config
         self.model_dtype = loaded.dtype
@@ -78,6 +92,8 @@ class ModelRunner:
         self.kv_bytes_per_token = (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
                                    * self.cache_dtype.itemsize)
         check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device)
+        if self.is_fp8 and self.kernels.name == "triton":
+            kernels.check_fp8_support(self.device)
         self.kv_cache = torch.zeros(
             cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
             dtype=self.cache_dtype, device=self.device)
@@ -102,7 +118,13 @@ class ModelRunner:
                 kernels.copy_blocks(layer[0], layer[1], pairs)
         if not chunks:
             return torch.empty(0, self.config.vocab_size, device=self.device)
+        batch = self.prepare(chunks)
+        hidden = self.model(batch.input_ids, batch.positions, batch.ctx)
+        self._stored_any = True
+        return self.model.compute_logits(hidden[batch.logit_rows]).float()
 
+    def prepare(self, chunks: Sequence[SeqChunk]) -> ForwardBatch:
+        """Pack ``chunks`` on the host and send them to the device without a host sync."""
         bs = self.block_size
         ids: list[int] = []
         positions, slots, tables = [], [], []
@@ -120,27 +142,29 @@ class ModelRunner:
             ctx_lens.append(end)
 
         block_tables = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True, padding_value=0)
-        cu_seqlens = torch.zeros(len(chunks) + 1, dtype=torch.int32)
-        cu_seqlens[1:] = torch.cumsum(torch.tensor(seq_lens), 0)
+        cu_seqlens = [0, *accumulate(seq_lens)]
+        logit_rows = [cu_seqlens[i + 1] - 1 for i, c in enumerate(chunks) if c.want_logits]
         dev = self.device
+
+        def up(values, dtype=torch.int64) -> torch.Tensor:
+            host = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+            return kernels.to_device(host.to(dtype), dev)
+
         ctx = AttentionContext(
             seq_lens_q=seq_lens,
-            cu_seqlens_q=cu_seqlens.to(dev),
+            max_seqlen_q=max(seq_lens),
+            max_seqlen_k=max(ctx_lens),
+            cu_seqlens_q=up(cu_seqlens, torch.int32),
             kv_cache=self.kv_cache,
-            slot_mapping=torch.cat(slots).to(dev),
-            block_tables=block_tables.to(dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
+            slot_mapping=up(torch.cat(slots)),
+            block_tables=up(block_tables, torch.int32),
+            context_lens=up(ctx_lens, torch.int32),
             is_decode=all(n == 1 for n in seq_lens),
             k_scales=self.k_scales,
             v_scales=self.v_scales,
-            kernel_impl=self.kernel_impl,
+            kernels=self.kernels,
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        hidden = self.model(input_ids, torch.cat(positions).to(dev), ctx)
-        self._stored_any = True
-        last_rows = [int(cu_seqlens[i + 1]) - 1 for i, c in enumerate(chunks) if c.want_logits]
-        rows = torch.tensor(last_rows, dtype=torch.int64, device=dev)
-        return self.model.compute_logits(hidden[rows]).float()
+        return ForwardBatch(up(ids), up(torch.cat(positions)), ctx, up(logit_rows))
 
     def _check_chunk(self, c: SeqChunk, n: int, end: int) -> None:
         if n == 0:
@@ -170,12 +194,12 @@ class ModelRunner:
         if any(n == 0 for n in seq_lens):
             raise ValueError("run_naive needs non-empty token lists")
         dev = self.device
-        ids = torch.tensor([t for seq in token_id_lists for t in seq], dtype=torch.int64,
-                           device=dev)
-        positions = torch.cat([torch.arange(n) for n in seq_lens]).to(dev)
-        ctx = AttentionContext(seq_lens_q=seq_lens, kv_amax=kv_amax)
-        hidden = self.model(ids, positions, ctx)
-        last = torch.tensor(seq_lens, device=dev).cumsum(0) - 1
+        ids = torch.tensor([t for seq in token_id_lists for t in seq], dtype=torch.int64)
+        positions = torch.cat([torch.arange(n) for n in seq_lens])
+        ctx = AttentionContext(seq_lens_q=seq_lens, max_seqlen_q=max(seq_lens),
+                               max_seqlen_k=max(seq_lens), kv_amax=kv_amax)
+        hidden = self.model(kernels.to_device(ids, dev), kernels.to_device(positions, dev), ctx)
+        last = kernels.to_device(torch.tensor(list(accumulate(seq_lens))) - 1, dev)
         return self.model.compute_logits(hidden[last]).float()
 
     @torch.inference_mode()
@@ -189,8 +213,9 @@ class ModelRunner:
             raise ValueError("kv scales only apply to an fp8 cache")
         if self._stored_any:
             raise RuntimeError("calibrate_kv_scales must run before anything is stored")
-        amax: list[tuple[float, float]] = []
-        self._naive_forward(token_id_lists, amax)
+        per_layer: list[torch.Tensor] = []
+        self._naive_forward(token_id_lists, per_layer)
+        amax = torch.stack(per_layer).float().tolist()  # one transfer for all layers
         tiny = 1e-6
-        self.k_scales = [max(k, tiny) * FP8_HEADROOM / FP8_MAX for k, _ in amax]
-        self.v_scales = [max(v, tiny) * FP8_HEADROOM / FP8_MAX for _, v in amax]
+        self.k_scales = [max(k, tiny) * FP8_HEADROOM / kernels.FP8_MAX for k, _ in amax]
+        self.v_scales = [max(v, tiny) * FP8_HEADROOM / kernels.FP8_MAX for _, v in amax]

@@ -1,11 +1,18 @@
 """Public kernel functions: triton on CUDA tensors, the torch reference elsewhere.
 
-``impl="torch" | "triton"`` forces one implementation (tests run triton on the CPU with
-``TRITON_INTERPRET=1``). The triton modules are imported lazily so that the variable set by the
-caller before the first triton call is honoured, and so that CPU users never import triton.
+The engine picks a ``KernelBackend`` once (``kernel_backend``, when the model runner is built)
+and calls it directly with host-side maximum lengths, so no launch reads a length back from the
+device. The module-level functions below are for tests and one-off calls: they choose the
+backend per call (``impl="torch" | "triton"`` forces one; tests run triton on the CPU with
+``TRITON_INTERPRET=1``) and compute a missing maximum from the tensors. The triton modules are
+imported lazily so that the variable set by the caller before the first triton call is honoured,
+and so that CPU users never import triton.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -35,59 +42,101 @@ def kv_cache_dtype_of(name: str, model_dtype: torch.dtype) -> torch.dtype:
     return _CACHE_DTYPES[key]
 
 
-def _use_triton(impl: str | None, tensor: torch.Tensor) -> bool:
+@dataclass(frozen=True)
+class KernelBackend:
+    """One implementation of the three kernels, with the same signatures:
+
+    ``store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)``,
+    ``paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+    scale, k_scale, v_scale, max_seqlen_q)`` and ``paged_decode_attention(q, k_cache, v_cache,
+    block_tables, context_lens, scale, k_scale, v_scale, max_seqlen_k, num_splits=None)``.
+    """
+
+    name: str  # "torch" | "triton"
+    store_kv: Callable[..., None]
+    paged_prefill_attention: Callable[..., torch.Tensor]
+    paged_decode_attention: Callable[..., torch.Tensor]
+
+
+def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBackend:
+    """``impl`` None: triton on CUDA, the torch reference elsewhere; "torch"/"triton" force one."""
     if impl is None:
-        return tensor.is_cuda
-    if impl not in ("torch", "triton"):
-        raise ValueError(f"impl must be 'torch', 'triton' or None, not {impl!r}")
-    return impl == "triton"
+        impl = "triton" if torch.device(device).type == "cuda" else "torch"
+    if impl == "torch":
+        return KernelBackend("torch", reference.store_kv, reference.paged_prefill_attention,
+                             reference.paged_decode_attention)
+    if impl == "triton":
+        from kvscope.kernels import triton_attention, triton_store
+
+        return KernelBackend("triton", triton_store.store_kv,
+                             triton_attention.paged_prefill_attention,
+                             triton_attention.paged_decode_attention)
+    raise ValueError(f"impl must be 'torch', 'triton' or None, not {impl!r}")
+
+
+def check_fp8_support(device: str | torch.device) -> None:
+    """Triton loads and casts float8 e4m3 only on compute capability 8.9+ (Ada, Hopper): say so
+    when the cache is made, not with a compiler error at the first step."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"an fp8 KV cache needs a GPU of compute capability 8.9 or newer for "
+                         f"the triton kernels (this one is {major}.{minor}); use float16 or "
+                         f"bfloat16")
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0,
              impl=None) -> None:
     """Write ``key``/``value`` ``[num_tokens, kv_heads, head_dim]`` into the cache slots;
     slot -1 is skipped."""
-    if _use_triton(impl, key):
-        from kvscope.kernels import triton_store
-
-        triton_store.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    else:
-        reference.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    kernel_backend(impl, key.device).store_kv(key, value, k_cache, v_cache, slot_mapping,
+                                              k_scale, v_scale)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                             k_scale=1.0, v_scale=1.0, impl=None, max_seqlen_q=None) -> torch.Tensor:
     """Causal attention of packed new tokens over the paged KV (cached prefix plus themselves).
 
-    ``max_seqlen_q`` (optional, the longest query length) spares the triton path a device read.
+    ``max_seqlen_q`` (the longest query length) is read from ``cu_seqlens_q`` when not given.
     """
-    if _use_triton(impl, q):
-        from kvscope.kernels import triton_attention
-
-        return triton_attention.paged_prefill_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale,
-            max_seqlen_q)
-    return reference.paged_prefill_attention(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale)
+    if max_seqlen_q is None:
+        max_seqlen_q = max((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist(), default=0)
+    return kernel_backend(impl, q.device).paged_prefill_attention(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale,
+        max_seqlen_q)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale=1.0, v_scale=1.0, num_splits=None, impl=None) -> torch.Tensor:
-    """One query per sequence at position ``context_lens[b] - 1`` over the paged KV."""
-    if _use_triton(impl, q):
-        from kvscope.kernels import triton_attention
+                           k_scale=1.0, v_scale=1.0, num_splits=None, impl=None,
+                           max_seqlen_k=None) -> torch.Tensor:
+    """One query per sequence at position ``context_lens[b] - 1`` over the paged KV.
 
-        return triton_attention.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, num_splits)
-    return reference.paged_decode_attention(
-        q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale)
+    ``max_seqlen_k`` (the longest context) is read from ``context_lens`` when not given.
+    """
+    if max_seqlen_k is None:
+        max_seqlen_k = max(context_lens.tolist(), default=0)
+    return kernel_backend(impl, q.device).paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, max_seqlen_k,
+        num_splits)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs) -> None:
     """Copy whole blocks ``src -> dst`` for each ``(src, dst)`` in ``pairs`` (copy-on-write)."""
     if not pairs:
         return
-    src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=k_cache.device)
-    dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=k_cache.device)
-    k_cache[dst] = k_cache[src]
-    v_cache[dst] = v_cache[src]
+    index = to_device(torch.tensor(pairs, dtype=torch.long).T.contiguous(), k_cache.device)
+    src, dst = index[0], index[1]
+    for cache in (k_cache, v_cache):
+        # Bytes, not values: index_put has no float8 kernel on every device.
+        raw = cache.view(torch.uint8) if reference.is_fp8(cache.dtype) else cache
+        raw[dst] = raw[src]
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a host synchronisation: on CUDA through pinned
+    memory with an asynchronous copy (a plain ``.to("cuda")`` waits for the copy)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

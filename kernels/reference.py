@@ -74,7 +74,8 @@ def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+    """``max_seqlen_q`` is unused: this CPU kernel walks the lengths on the host anyway."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     ctx_lens = context_lens.tolist()
@@ -99,12 +100,13 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale=1.0, v_scale=1.0) -> torch.Tensor:
-    """Vectorised over the batch: gathers every sequence to the longest context and masks."""
+                           k_scale, v_scale, max_seqlen_k, num_splits=None) -> torch.Tensor:
+    """Vectorised over the batch: gathers every sequence to the longest context
+    (``max_seqlen_k``, from the host) and masks. ``num_splits`` is the triton kernel's: unused."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    max_ctx = int(context_lens.max())
+    max_ctx = max_seqlen_k
     num_blocks = (max_ctx + block_size - 1) // block_size
     table = block_tables[:, :num_blocks].long()
 

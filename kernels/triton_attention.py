@@ -19,6 +19,7 @@ PREFILL_BLOCK_M = 32
 BLOCK_N = 32
 DECODE_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 16
+DECODE_NUM_WARPS = 4  # triton's default; scripts/gpu_check.py sweeps it with BLOCK_N
 
 
 def _dot_options(q: torch.Tensor) -> dict:
@@ -37,7 +38,7 @@ def _load_kv_tile(cache_ptr, table_row_ptr, offs_n, n_mask, dims, d_mask, kv_hea
                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, cu_ptr, ctx_ptr,
     qk_scale, v_scale,
@@ -94,13 +95,19 @@ def _prefill_kernel(
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+# Lengths that change from step to step are plain arguments, not specialised on, so a running
+# engine compiles each kernel once per model rather than again whenever the batch's longest
+# context (the table width, the split count) moves: a compile on a GPU stalls a step ~1 s.
+_PER_STEP = ["stride_tb", "num_splits"]
+
+
+@triton.jit(do_not_specialize=_PER_STEP)
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale, tokens_per_split,
+    qk_scale, tokens_per_split, num_splits,
     stride_qb, stride_qh, stride_tb, stride_cb, stride_cs, stride_ch,
-    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -142,27 +149,27 @@ def _decode_split_kernel(
         m_i = m_new
 
     # An empty partition stores m = -inf, l = 0, acc = 0: weight zero in the reduction.
-    part = (seq * NUM_HEADS + heads) * NUM_SPLITS + split
+    part = (seq * NUM_HEADS + heads) * num_splits + split
     tl.store(part_m_ptr + part, m_i, mask=h_mask)
     tl.store(part_l_ptr + part, l_i, mask=h_mask)
     tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
              mask=h_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, v_scale,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, v_scale, num_splits,
     stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
-    s_mask = splits < NUM_SPLITS
+    s_mask = splits < num_splits
     dims = tl.arange(0, BLOCK_D)
     d_mask = dims < HEAD_DIM
-    part = (seq * NUM_HEADS + head) * NUM_SPLITS + splits
+    part = (seq * NUM_HEADS + head) * num_splits + splits
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)  # noqa: E741
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
@@ -174,10 +181,14 @@ def _decode_reduce_kernel(
         out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def _check(q, k_cache, v_cache):
+def _check(q, k_cache, v_cache, *index_tensors):
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the KV cache must be contiguous"
     assert k_cache.dtype == v_cache.dtype and k_cache.shape == v_cache.shape
     assert q.shape[1] % k_cache.shape[2] == 0, "num_heads must be a multiple of num_kv_heads"
+    # A host tensor here is a wild pointer to the GPU (no error, garbage or a crash).
+    for t in (k_cache, *index_tensors):
+        assert t.device == q.device, f"a {t.device} tensor passed with {q.device} queries"
+    assert all(t.dtype in (torch.int32, torch.int64) for t in index_tensors)
     return q if q.stride(-1) == 1 else q.contiguous()
 
 
@@ -190,14 +201,13 @@ def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float,
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
-    q = _check(q, k_cache, v_cache)
+                            k_scale, v_scale, max_seqlen_q: int) -> torch.Tensor:
+    """``max_seqlen_q``: the longest query length, a host int (sizes the grid)."""
+    q = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     out = torch.empty_like(q)
     batch = context_lens.shape[0]
     if q.shape[0] == 0 or batch == 0:
         return out
-    if max_seqlen_q is None:
-        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
     num_heads, head_dim = q.shape[1], q.shape[2]
     grid = (batch, num_heads, triton.cdiv(max_seqlen_q, PREFILL_BLOCK_M))
@@ -220,18 +230,17 @@ def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale=1.0, v_scale=1.0, num_splits=None) -> torch.Tensor:
-    q = _check(q, k_cache, v_cache)
+                           k_scale, v_scale, max_seqlen_k: int, num_splits=None) -> torch.Tensor:
+    """``max_seqlen_k``: the longest context, a host int (sizes the split-K partitions)."""
+    q = _check(q, k_cache, v_cache, block_tables, context_lens)
     batch, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
     if batch == 0:
         return out
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
-    # The table width bounds the context without reading context_lens back from the device.
-    max_context = block_tables.shape[1] * page
     if num_splits is None:
-        num_splits = choose_num_splits(max_context, batch, num_kv_heads)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), BLOCK_N) * BLOCK_N
+        num_splits = choose_num_splits(max_seqlen_k, batch, num_kv_heads)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), BLOCK_N) * BLOCK_N
     k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
     part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
@@ -241,16 +250,16 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     block_d = _head_block(head_dim)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_m, part_l, part_acc,
-        float(scale) * k_scale, tokens_per_split,
+        float(scale) * k_scale, tokens_per_split, num_splits,
         q.stride(0), q.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
+        NUM_HEADS=num_heads, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        **_dot_options(q),
+        num_warps=DECODE_NUM_WARPS, **_dot_options(q),
     )
     _decode_reduce_kernel[(batch, num_heads)](
-        part_m, part_l, part_acc, out, v_scale, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+        part_m, part_l, part_acc, out, v_scale, num_splits, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+        BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
     )
     return out

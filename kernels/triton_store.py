@@ -59,6 +59,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
         return
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the KV cache must be contiguous"
     assert k_cache.dtype == v_cache.dtype
+    assert k_cache.device == slot_mapping.device == key.device, "tensors on different devices"
     key, value = _rows(key), _rows(value)
     _store_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping.contiguous(),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope import kernels
+from kvscope.kernels import KernelBackend
 
 
 @dataclass
@@ -24,6 +24,10 @@ class AttentionContext:
     """
 
     seq_lens_q: list[int]                    # new tokens per sequence, in packing order
+    # Host-side maxima, computed where the batch is built: no layer reads a length back from
+    # the device (a read would stall the host on the GPU once per layer).
+    max_seqlen_q: int = 0                    # max(seq_lens_q)
+    max_seqlen_k: int = 0                    # max(context_lens)
     cu_seqlens_q: torch.Tensor | None = None  # int32 [B+1]
     kv_cache: torch.Tensor | None = None     # [layers, 2, num_blocks, block_size, kv_heads, d]
     slot_mapping: torch.Tensor | None = None  # int64 [T]
@@ -32,8 +36,8 @@ class AttentionContext:
     is_decode: bool = False                  # every sequence has exactly one new token
     k_scales: list[float] | None = None      # per layer, fp8 caches only
     v_scales: list[float] | None = None
-    kv_amax: list[tuple[float, float]] | None = None  # if a list: layers append (|k|max, |v|max)
-    kernel_impl: str | None = None           # None: triton on CUDA, torch elsewhere
+    kv_amax: list[torch.Tensor] | None = None  # if a list: layers append [|k|max, |v|max]
+    kernels: KernelBackend | None = None     # chosen once by the model runner
 
 
 class Attention(nn.Module):
@@ -49,22 +53,22 @@ class Attention(nn.Module):
                 ctx: AttentionContext) -> torch.Tensor:
         """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` (rotary applied) -> ``[T, heads, d]``."""
         if ctx.kv_amax is not None:
-            ctx.kv_amax.append((k.abs().max().item(), v.abs().max().item()))
+            ctx.kv_amax.append(torch.stack((k.abs().amax(), v.abs().amax())))
         if ctx.kv_cache is None:
             return self._naive(q, k, v, ctx.seq_lens_q)
 
         k_cache, v_cache = ctx.kv_cache[self.layer_idx]
         k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
         v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
-        impl = ctx.kernel_impl
-        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale, impl=impl)
+        kernels = ctx.kernels
+        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
         if ctx.is_decode:
             return kernels.paged_decode_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale,
-                k_scale, v_scale, impl=impl)
+                k_scale, v_scale, ctx.max_seqlen_k)
         return kernels.paged_prefill_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens,
-            self.scale, k_scale, v_scale, impl=impl)
+            self.scale, k_scale, v_scale, ctx.max_seqlen_q)
 
     def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:
         outs = []

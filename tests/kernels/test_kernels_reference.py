@@ -138,13 +138,15 @@ def test_decode_agrees_with_single_token_prefill():
     torch.testing.assert_close(dec, pre, atol=REF_ATOL, rtol=0)
 
 
-def test_copy_blocks_copies_whole_blocks():
-    k_cache = torch.randn(5, 4, 2, 8)
-    v_cache = torch.randn(5, 4, 2, 8)
-    k_before, v_before = k_cache.clone(), v_cache.clone()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn], ids=str)
+def test_copy_blocks_copies_whole_blocks(dtype):
+    k_cache = torch.randn(5, 4, 2, 8).to(dtype)
+    v_cache = torch.randn(5, 4, 2, 8).to(dtype)
+    k_before, v_before = k_cache.float(), v_cache.float()
     copy_blocks(k_cache, v_cache, [(1, 3), (4, 0)])
-    assert torch.equal(k_cache[3], k_before[1]) and torch.equal(v_cache[0], v_before[4])
-    assert torch.equal(k_cache[[1, 2, 4]], k_before[[1, 2, 4]])
+    k_after, v_after = k_cache.float(), v_cache.float()
+    assert torch.equal(k_after[3], k_before[1]) and torch.equal(v_after[0], v_before[4])
+    assert torch.equal(k_after[[1, 2, 4]], k_before[[1, 2, 4]])
     copy_blocks(k_cache, v_cache, [])
 
 

@@ -210,3 +210,38 @@ def test_chunked_prefill_then_decode_pipeline_matches_dense(cache_dtype):
     want = dense_causal_attention(q.float(), k_seen, v_seen, 0.25).half()
     got = torch.cat(outs)
     assert_matches(got, want)
+
+
+def test_tile_shapes_meet_the_gpu_dot_minimum():
+    """tl.dot needs every dimension >= 16 on a GPU; the interpreter would not notice."""
+    from kvscope.kernels import triton_attention as ta
+
+    assert ta.BLOCK_N >= 16 and ta.PREFILL_BLOCK_M >= 16
+    for head_dim in (8, 16, 64, 80, 96, 128, 256):
+        block = ta._head_block(head_dim)
+        assert block >= max(16, head_dim) and block & (block - 1) == 0
+
+
+def test_launchers_refuse_tensors_on_another_device():
+    from kvscope.kernels import kernel_backend
+
+    meta = dict(device="meta")
+    q = torch.empty(2, 4, 16, **meta)
+    cache = torch.empty(6, 8, 2, 16, **meta)
+    tables, lens = torch.zeros(2, 3, dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32)
+    triton = kernel_backend("triton", "cpu")
+    with pytest.raises(AssertionError, match="a cpu tensor passed with meta queries"):
+        triton.paged_decode_attention(q, cache, cache, tables, lens, 0.25, 1.0, 1.0, 9)
+    with pytest.raises(AssertionError, match="different devices"):
+        triton.store_kv(q[:, :2], q[:, :2], cache, cache, torch.tensor([0, 1]), 1.0, 1.0)
+
+
+def test_fp8_cache_needs_compute_capability_8_9(monkeypatch):
+    from kvscope.kernels import check_fp8_support
+
+    check_fp8_support("cpu")  # the reference handles fp8 anywhere
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_support("cuda")  # Hopper
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match=r"8\.9 or newer.*this one is 8\.0"):
+        check_fp8_support("cuda")
