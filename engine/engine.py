@@ -272,9 +272,10 @@ class Engine:
             self.step_records.append(rec)
             self.num_steps += 1
             new, self._new = self._new, []
+            events = self.events.drain()  # a subscriber who joins later gets no stale events
             if self._subscribers:
                 mgr = self.manager
-                update = StepUpdate(rec, self.events.drain(), outputs, new,
+                update = StepUpdate(rec, events, outputs, new,
                                     mgr.new_explanations, mgr.num_computed(), mgr.counters(),
                                     self._failures)
                 for fn in list(self._subscribers):

@@ -107,11 +107,13 @@ def test_cancel_in_each_phase_frees_its_blocks(tiny_llama, phase):
 
 def test_a_prompt_larger_than_the_pool_is_rejected_and_the_rest_finish(tiny_llama):
     engine = make(tiny_llama, num_blocks=16)
+    tap = StepQueue()
+    engine.subscribe(tap)
     outs = engine.generate([prompt(20, seed=30), prompt(100, seed=31), prompt(12, seed=32)],
                            GREEDY)
     assert [o.finish_reason for o in outs] == ["length", "rejected", "length"]
     assert "needs 29 blocks" in outs[1].error and "only 16" in outs[1].error
-    kinds = [e.kind for e in engine.events.drain()]
+    kinds = [e.kind for u in tap.drain() for e in u.events]
     assert ev.REJECTED in kinds
 
 
@@ -125,9 +127,10 @@ def test_parallel_sampling_shares_prompt_blocks_and_copies_on_divergence(tiny_ll
     table = snap.block_tables[rid]
     assert table.tolist() == snap.block_tables[child.request_id].tolist()
     assert snap.ref_count[table].tolist() == [2, 2, 2]
-    engine.events.drain()
+    tap = StepQueue()
+    engine.subscribe(tap)
     engine.step()  # both write position 10 into the shared partial block: one copy
-    cows = [e for e in engine.events.drain() if e.kind == ev.COW]
+    cows = [e for u in tap.drain() for e in u.events if e.kind == ev.COW]
     assert len(cows) == 1
     snap = engine.snapshot()
     t1, t2 = snap.block_tables[rid], snap.block_tables[child.request_id]

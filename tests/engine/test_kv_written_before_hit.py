@@ -20,6 +20,7 @@ from test_engine import BS, check_pool, hf_greedy, kv_of, make, prompt
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine import events as ev
+from kvscope.engine.stream import StepQueue
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo"
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -147,9 +148,11 @@ def test_a_request_that_hit_a_failed_requests_block_is_recomputed(tiny_llama, mo
     monkeypatch.setattr(engine.runner, "run", fragile)
     b_prompt = doomed + prompt(3, seed=231)
     b = engine.add_request(b_prompt, PARAMS)
+    tap = StepQueue()
+    engine.subscribe(tap)
     engine.step()
     assert engine.requests[a].finish_reason == "error"
-    kinds = [(e.kind, e.request_id) for e in engine.events.drain()]
+    kinds = [(e.kind, e.request_id) for u in tap.drain() for e in u.events]
     assert (ev.UNCACHED, a) in kinds and (ev.PREEMPTED, b) in kinds
     monkeypatch.setattr(engine.runner, "run", real_run)
     while engine.has_unfinished():
