@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,7 @@ class StepUpdate:
     record: StepRecord
     events: list[ev.Event]
     outputs: list[RequestOutput]
+    explanations: list[MissExplanation] = field(default_factory=list)  # admissions this step
 
 
 class Subscription:
@@ -228,7 +229,11 @@ class Engine:
             self.step_records.append(rec)
             self.num_steps += 1
             if self._subscribers or self._step_listeners:
-                update = StepUpdate(rec, self.events.drain(), outputs)
+                events = self.events.drain()
+                why = self.manager.explanations
+                update = StepUpdate(rec, events, outputs,
+                                    [why[e.request_id] for e in events
+                                     if e.kind == ev.ADMITTED and e.request_id in why])
                 for sub in self._subscribers:
                     sub._queue.put(update)
                 for fn in list(self._step_listeners):

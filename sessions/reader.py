@@ -309,6 +309,19 @@ class SessionReader:
                                       f"{e}") from e
         return out
 
+    def explanation(self, request_id: int, step: int | None = None):
+        """Why a request missed the prefix cache, as the engine explained it at its latest
+        admission at or before `step` (a MissExplanation; None if it was not admitted by then,
+        or the file predates schema version 2, which added explanations)."""
+        has_table = self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                "name = 'explanations'")
+        if not has_table:
+            return None
+        rows = self._query(f"SELECT {', '.join(schema.EXPLANATION_COLUMNS)} FROM explanations "
+                           "WHERE request_id = ? AND step <= ? ORDER BY step DESC LIMIT 1",
+                           (request_id, self.last_step if step is None else step))
+        return schema.explanation_from_row(rows[0]) if rows else None
+
     # ---------------------------------------------------------------- replay
     def snapshot_at(self, step: int) -> Snapshot:
         """The block state at the end of `step`, equal to the live engine's snapshot then."""
