@@ -16,7 +16,7 @@ import threading
 from PySide6.QtCore import QObject, Signal
 
 from kvscope.app import engine_host
-from kvscope.app.engine_host import EngineInfo, Frame
+from kvscope.app.frames import EngineInfo, Frame
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
-from kvscope.app.engine_host import RequestRow
+from kvscope.app.frames import RequestRow
 from kvscope.engine.snapshot import Snapshot
 
 
