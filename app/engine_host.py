@@ -88,8 +88,11 @@ class _WindowGone(Exception):
 
 
 class EngineHost:
-    def __init__(self, conn):
+    def __init__(self, conn, keep_history: bool = True):
+        """keep_history: record the session to a temporary file (off only to measure its cost:
+        benchmarks/live_history.py)."""
         self.conn = conn
+        self.keep_history = keep_history
         self.engine = None
         self.runner = None  # a WorkloadRunner feeding the engine, if a workload is running
         self.recorder = None  # a recording with text, from when the user asked
@@ -206,7 +209,7 @@ class EngineHost:
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.manager.block_size,
-            history_path=self._start_history()))
+            history_path=self._start_history() if self.keep_history else None))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:

@@ -149,7 +149,7 @@ class MainWindow(QMainWindow):
         self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
         self.act_back = self._action("Step back", "Left", lambda: self.move_cursor(-1))
         self.act_back.setToolTip("The previous step (←): live, this looks back in the history")
-        self.act_follow = self._action("Follow live ⏭", "End", self.follow)
+        self.act_follow = self._action("Follow live", "End", self.follow)
         self.act_follow.setToolTip("Show the newest step again (End); in replay, the last step")
         self.act_follow.setEnabled(False)
         self.act_record = self._action("Record ●", "Ctrl+R", self.toggle_recording)
@@ -226,6 +226,8 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState())
         self.device.stop()
+        self.source.close()
+        self.live.close()
         self.worker.shutdown()  # each engine process finalises its recording first
         super().closeEvent(event)
 
@@ -447,9 +449,6 @@ class MainWindow(QMainWindow):
             if why is not None and not isinstance(widget, QAction):
                 widget.setToolTip(why)
 
-    def replay_step_by(self, delta: int) -> None:
-        self.move_cursor(delta)
-
     def leave_replay(self) -> None:
         """Back to live: the engine's session as it was; with no engine, load the model."""
         if self.source.live:
@@ -602,34 +601,29 @@ class MainWindow(QMainWindow):
         s = self.snapshot
         if s is None:
             return
+        usage = (f"{s.num_active_blocks}/{s.num_blocks} used · {s.num_cached_blocks} cached · "
+                 f"{s.num_free_blocks} free · step {s.step} · hit {s.token_hit_rate:.0%}")
         if not self.source.live:
-            self.status.setText(f"replay · {self.source.name} · {self.source.settings()['model']}"
-                                f" · step {s.step} · {s.num_active_blocks}/{s.num_blocks} used · "
-                                f"{s.num_cached_blocks} cached · hit {s.token_hit_rate:.0%}")
+            self.status.setText(f"replay · {self.source.name} · "
+                                f"{self.source.settings()['model']} · {usage}")
             return
-        if self.selection.step is not None:
-            newest = self.source.step_range()
-            self.status.setText(
-                f"{self.model_name} · step {s.step} of {newest[1] if newest else '?'} (history: "
-                f"End follows live) · {s.num_active_blocks}/{s.num_blocks} used · "
-                f"{s.num_cached_blocks} cached · hit {s.token_hit_rate:.0%}"
-                + (" · running" if self.running else " · paused"))
-            return
-        for r in frame.records:
-            self._token_window.append((r.start_s + r.wall_s, r.prefill_tokens + r.decode_tokens))
-        if self._token_window:
-            end = self._token_window[-1][0]
-            self._token_window = [(t, n) for t, n in self._token_window if t > end - 2.0]
-        tokens = sum(n for _, n in self._token_window)
-        span = (self._token_window[-1][0] - self._token_window[0][0]) if len(
-            self._token_window) > 1 else 0
-        rate = f"{tokens / span:.0f} tok/s" if span > 0 else "– tok/s"
+        rate = self._token_rate(frame.records)
         device = self.engine.device if self.engine is not None else "?"
-        if self.engine is not None and self.engine.num_steps == 0:
-            self.status.setText(f"{self.model_name} · {device} · {s.num_blocks} blocks of "
-                                f"{s.block_size} tokens · {HINT}")
-            return
-        self.status.setText(
-            f"{self.model_name} · {device} · {s.num_active_blocks}/{s.num_blocks} used · "
-            f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · step {s.step} · "
-            f"hit {s.token_hit_rate:.0%} · {rate}" + (" · running" if self.running else ""))
+        if self.selection.step is not None:
+            newest = self.source.step_range()[1]
+            usage = f"history, newest step {newest} (End follows live) · {usage}"
+        elif self.engine is not None and self.engine.num_steps == 0:
+            usage = f"{s.num_blocks} blocks of {s.block_size} tokens · {HINT}"
+        else:
+            usage += f" · {rate}"
+        self.status.setText(f"{self.model_name} · {device} · {usage}"
+                            + (" · running" if self.running else ""))
+
+    def _token_rate(self, records) -> str:
+        """Tokens per second over the last two seconds of steps."""
+        window = self._token_window
+        window += [(r.start_s + r.wall_s, r.prefill_tokens + r.decode_tokens) for r in records]
+        if window:
+            self._token_window = window = [(t, n) for t, n in window if t > window[-1][0] - 2]
+        span = window[-1][0] - window[0][0] if len(window) > 1 else 0
+        return f"{sum(n for _, n in window) / span:.0f} tok/s" if span > 0 else "– tok/s"

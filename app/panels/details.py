@@ -26,6 +26,8 @@ class DetailsPanel(QWidget):
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
         self.text = QTextBrowser()
+        self.text.setOpenLinks(False)  # "step:N" links move the time cursor
+        self.text.anchorClicked.connect(self._on_link)
         self.text.setPlaceholderText("Select a request and press “Why did this miss?”, or "
                                      "click a block")
         layout = QVBoxLayout(self)
@@ -42,9 +44,19 @@ class DetailsPanel(QWidget):
         self.text.clear()
 
     def _describe_block(self, blocks) -> None:
-        """One block picked (a click in the pool or the tree): what it holds at this step."""
+        """One block picked (a click in the pool or the tree): what it holds at this step, and
+        a link to the step that last used it."""
         if len(blocks) == 1 and self.snapshot is not None:
-            self.show_text(f"Block {blocks[0]}", describe_block(self.snapshot, blocks[0]))
+            block = blocks[0]
+            body = describe_block(self.snapshot, block)
+            last = int(self.snapshot.last_use[block])
+            if last >= 0:
+                body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
+            self.show_text(f"Block {block}", body)
+
+    def _on_link(self, url) -> None:
+        if url.scheme() == "step":
+            self.selection.select_step(int(url.path()))
 
     def show_text(self, title: str, body: str) -> None:
         self.text.setHtml(f"<h3>{title}</h3><p>{body}</p>")

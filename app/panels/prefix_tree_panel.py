@@ -115,6 +115,7 @@ class PrefixTreePanel(QWidget):
         self.latest, self.stale, self._rebuild = None, False, None
         self.snapshot, self.forest, self.flat = None, [], []
         self._xs = self._ys = np.zeros(0)
+        self._candidates, self._node_of_block = [], None
         self.nodes.clear()
         self.edges.setData([], [])
         self.outline.clear()

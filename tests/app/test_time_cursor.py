@@ -11,7 +11,7 @@ import pytest
 from conftest import LOAD_TIMEOUT_MS, open_window, step
 from image_compare import to_array
 from pixels import grab_pool
-from PySide6.QtCore import QPointF, QSettings, Qt
+from PySide6.QtCore import QPointF, QSettings, Qt, QUrl
 
 from kvscope.app import palette
 from kvscope.app.frames import evicted_at
@@ -215,3 +215,19 @@ def test_live_pause_click_an_early_event_then_follow_live(qtbot, tmp_path):
         assert all(r.state.startswith("finished") for r in w.requests.model.rows)
     finally:
         w.close()
+
+
+def test_a_blocks_last_used_step_moves_the_cursor(replay, qtbot):
+    w = replay
+    w.replay_bar.set_step(w.reader.last_step)
+    snap = w.snapshot
+    block = int(np.argmin(np.where(snap.last_use >= 0, snap.last_use, 1 << 30)))
+    last = int(snap.last_use[block])
+    assert 0 <= last < snap.step
+    x, y = w.pool.cell_center(block)
+    pos = w.pool.plot.mapFromScene(w.pool.plot.plotItem.vb.mapViewToScene(QPointF(x, y)))
+    qtbot.mouseClick(w.pool.plot.viewport(), Qt.LeftButton, pos=pos)
+    assert w.selection.blocks == (block,)
+    assert f'href="step:{last}"' in w.details.text.toHtml()
+    w.details.text.anchorClicked.emit(QUrl(f"step:{last}"))  # what a click on the link sends
+    assert w.replay_bar.step == last and w.snapshot.step == last
