@@ -38,12 +38,12 @@ from kvscope.app.panels.timeline import Timeline
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
 from kvscope.app.sources import FrameSource, LiveSource, ReplaySource
+from kvscope.app.status_line import HINT, StatusLine
 from kvscope.engine.config import EngineConfig
 from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
-HINT = "Press Run demo (F5) or type a prompt"
 DEMO_WORKLOAD = "shared_system_prompt.jsonl"
 
 
@@ -64,7 +64,6 @@ class MainWindow(QMainWindow):
         self._tree_due = 0.0
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
-        self._token_window: list[tuple[float, int]] = []
         self.worker = EngineClient(engine_setup, parent=self)
         self.live = LiveSource(self.worker)
         self.source: FrameSource = self.live
@@ -72,7 +71,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._connect_worker()
         self.selection.step_changed.connect(self._on_cursor)
-        self.status = QLabel(HINT)
+        self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.frame_timer = QTimer(self)
         self.frame_timer.timeout.connect(self.pull_frame)
@@ -178,9 +177,15 @@ class MainWindow(QMainWindow):
         tb.addWidget(self.block_size_box)
         self.act_apply = self._action("Apply (reload)", "Ctrl+Shift+R", self.reload)
         tb.addAction(self.act_apply)
+        self.policy_label = QLabel()  # a replayed session's eviction policy, when recorded
+        self.policy_label.setToolTip("The session's eviction policy")
+        self.policy_shown = tb.addWidget(self.policy_label)
+        self.policy_shown.setVisible(False)
         self.settings_widgets = (self.model_box, self.act_open_model, self.prefix_box,
                                  self.kv_box, self.blocks_box, self.block_size_box,
                                  self.act_apply)
+        self._tips = {w: w.toolTip() for w in self.settings_widgets}
+        self._live_settings: tuple | None = None  # the user's, kept while replaying
 
     def _action(self, text: str, shortcut: str, slot) -> QAction:
         action = QAction(text, self)
@@ -423,31 +428,32 @@ class MainWindow(QMainWindow):
 
     def _show_settings(self, source: FrameSource) -> None:
         """In replay the toolbar shows the session's settings, read-only; live, the user's."""
-        if source.live:
-            if getattr(self, "_live_settings", None) is not None:
-                model, prefix, kv, blocks, size = self._live_settings
-                self.model_box.setEditText(model)
-                self.prefix_box.setChecked(prefix)
-                self.kv_box.setCurrentText(kv)
-                self.blocks_box.setValue(blocks)
-                self.block_size_box.setValue(size)
-                self._live_settings = None
-        else:
-            if getattr(self, "_live_settings", None) is None:
-                self._live_settings = (self.model_box.currentText(), self.prefix_box.isChecked(),
-                                       self.kv_box.currentText(), self.blocks_box.value(),
-                                       self.block_size_box.value())
+        if source.live and self._live_settings is not None:
+            self._set_settings(*self._live_settings)
+            self._live_settings = None
+        elif not source.live:
+            self._live_settings = self._live_settings or (
+                self.model_box.currentText(), self.prefix_box.isChecked(),
+                self.kv_box.currentText(), self.blocks_box.value(), self.block_size_box.value())
             cfg = source.settings()
-            self.model_box.setEditText(str(cfg["model"]))
-            self.prefix_box.setChecked(cfg.get("enable_prefix_caching") is not False)
-            self.kv_box.setCurrentText(str(cfg.get("kv_cache_dtype") or "auto"))
-            self.blocks_box.setValue(cfg["num_blocks"])
-            self.block_size_box.setValue(cfg["block_size"])
-        why = None if source.live else "The session's settings (read-only while replaying)"
+            self._set_settings(str(cfg["model"]), cfg.get("enable_prefix_caching") is not False,
+                               str(cfg.get("kv_cache_dtype") or "auto"), cfg["num_blocks"],
+                               cfg["block_size"])
+        policy = None if source.live else source.settings().get("policy")
+        self.policy_label.setText(f" policy {policy} ")
+        self.policy_shown.setVisible(policy is not None)
         for widget in self.settings_widgets:
             widget.setEnabled(source.live)
-            if why is not None and not isinstance(widget, QAction):
-                widget.setToolTip(why)
+            if not isinstance(widget, QAction):
+                widget.setToolTip(self._tips[widget] if source.live else
+                                  "The session's settings (read-only while replaying)")
+
+    def _set_settings(self, model: str, prefix: bool, kv: str, blocks: int, size: int) -> None:
+        self.model_box.setEditText(model)
+        self.prefix_box.setChecked(prefix)
+        self.kv_box.setCurrentText(kv)
+        self.blocks_box.setValue(blocks)
+        self.block_size_box.setValue(size)
 
     def leave_replay(self) -> None:
         """Back to live: the engine's session as it was; with no engine, load the model."""
@@ -583,7 +589,8 @@ class MainWindow(QMainWindow):
             panel.show_frame(frame)
         if not self.timeline.redrew:  # the two costly panels take turns
             self._update_tree()
-        self._update_status(frame)
+        self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
+                               self.model_name, self.engine, self.running)
 
     def _update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
@@ -596,34 +603,3 @@ class MainWindow(QMainWindow):
                 and not self.docks["tree"].visibleRegion().isEmpty()):
             self.tree.prepare(self.tree.latest)
             self._tree_due, self.tree.stale = now + 1 / TREE_HZ, False
-
-    def _update_status(self, frame: Frame) -> None:
-        s = self.snapshot
-        if s is None:
-            return
-        usage = (f"{s.num_active_blocks}/{s.num_blocks} used · {s.num_cached_blocks} cached · "
-                 f"{s.num_free_blocks} free · step {s.step} · hit {s.token_hit_rate:.0%}")
-        if not self.source.live:
-            self.status.setText(f"replay · {self.source.name} · "
-                                f"{self.source.settings()['model']} · {usage}")
-            return
-        rate = self._token_rate(frame.records)
-        device = self.engine.device if self.engine is not None else "?"
-        if self.selection.step is not None:
-            newest = self.source.step_range()[1]
-            usage = f"history, newest step {newest} (End follows live) · {usage}"
-        elif self.engine is not None and self.engine.num_steps == 0:
-            usage = f"{s.num_blocks} blocks of {s.block_size} tokens · {HINT}"
-        else:
-            usage += f" · {rate}"
-        self.status.setText(f"{self.model_name} · {device} · {usage}"
-                            + (" · running" if self.running else ""))
-
-    def _token_rate(self, records) -> str:
-        """Tokens per second over the last two seconds of steps."""
-        window = self._token_window
-        window += [(r.start_s + r.wall_s, r.prefill_tokens + r.decode_tokens) for r in records]
-        if window:
-            self._token_window = window = [(t, n) for t, n in window if t > window[-1][0] - 2]
-        span = window[-1][0] - window[0][0] if len(window) > 1 else 0
-        return f"{sum(n for _, n in window) / span:.0f} tok/s" if span > 0 else "– tok/s"

@@ -177,6 +177,7 @@ def test_back_to_live_after_replay_loads_a_model_and_f5_runs_the_demo(replay, qt
     assert replay.engine is None
     qtbot.mouseClick(replay.replay_bar.leave_button, Qt.LeftButton)
     assert not replay.replay_bar.isVisible() and replay.blocks_box.isEnabled()
+    assert replay.blocks_box.toolTip() == "Physical blocks in the KV pool"  # the live one again
     qtbot.waitUntil(lambda: replay.engine is not None, timeout=LOAD_TIMEOUT_MS)
     assert replay.requests.cancel_button.isEnabled()
     replay.activateWindow()
