@@ -85,10 +85,9 @@ class ReplaySource(FrameSource):
         last = self.reader.last_step
         if last is None or last <= self._read_to:
             return
-        for step in range(self._read_to + 1, last + 1):  # by the step that published them
-            self._lifecycle += [(step, e.request_id, e.kind, e.detail)
-                                for e in self.reader.events_at(step)
-                                if e.kind in LIFECYCLE and e.request_id is not None]
+        self._lifecycle += [(step, e.request_id, e.kind, e.detail) for step, e in
+                            self.reader.events_published(self._read_to + 1, last, LIFECYCLE)
+                            if e.request_id is not None]
         self._requests = {r.request_id: r for r in self.reader.requests()}
         self._read_to = last
 
@@ -210,7 +209,15 @@ class LiveSource(FrameSource):
         return self._history
 
     def frame_at(self, step: int) -> Frame:
-        return self.history().frame_at(step)
+        history = self.history()
+        try:
+            return history.frame_at(step)
+        except SessionError:
+            written = history.step_range()
+            if written is None or step > written[1]:  # the recorder commits every ~0.25 s
+                raise SessionError(f"step {step} is not in the engine's history yet; try again "
+                                   "in a moment") from None
+            raise
 
     def explain(self, request_id: int, step: int | None) -> MissExplanation | None:
         info = self.client.info

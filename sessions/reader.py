@@ -296,6 +296,12 @@ class SessionReader:
     def events_at(self, step: int) -> list[Event]:
         return self.events_between(step, step)
 
+    def events_published(self, first: int, last: int, kinds=None) -> list[tuple[int, Event]]:
+        """(the step that published it, event) for the events of steps first..last, optionally
+        only those of some kinds (one query: cheap for a whole session)."""
+        return [(s, Event(k, st, rid, blocks, t, hashes, detail))
+                for s, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last, kinds)]
+
     def _events(self, first: int, last: int, kinds=None) -> list[tuple[int, tuple]]:
         """(published step, event tuple) pairs, optionally only of some kinds."""
         rows = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "

@@ -44,3 +44,17 @@ def test_a_version_1_file_opens_without_explanations(tmp_path, tiny_model_dir):
         assert reader.meta.schema_version == 1
         assert reader.explanation(0) is None
         assert reader.snapshot_at(reader.last_step).step == reader.last_step
+
+
+def test_events_published_names_the_step_that_published_each_event(tmp_path, tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    path = tmp_path / "s.kvscope"
+    with Recorder(path, engine):
+        drive(engine, max_steps=60)  # cancels between steps: stamped N, published N + 1
+    with SessionReader(path) as reader:
+        per_step = [(s, e) for s in reader.step_numbers for e in reader.events_at(s)]
+        assert reader.events_published(reader.first_step, reader.last_step) == per_step
+        assert any(s != e.step for s, e in per_step)
+        kinds = {"cancelled", "finished"}
+        assert reader.events_published(0, 59, kinds) == [(s, e) for s, e in per_step
+                                                          if e.kind in kinds]
