@@ -194,7 +194,10 @@ def test_live_pause_click_an_early_event_then_follow_live(qtbot, tmp_path):
         qtbot.waitUntil(lambda: w.engine is not None and w.engine.num_blocks == 24,
                         timeout=LOAD_TIMEOUT_MS)
         w.worker.submit(PLAN[0][0], PARAMS, None)
-        step(w, qtbot, 3)
+        live = {}  # step -> the pool the live view drew
+        for _ in range(3):
+            step(w, qtbot)
+            live[w.snapshot.step] = w.pool.codes.copy()
         for prompt in PLAN[3] + PLAN[14]:
             w.worker.submit(prompt, PARAMS, None)
         w.worker.resume()
@@ -210,6 +213,9 @@ def test_live_pause_click_an_early_event_then_follow_live(qtbot, tmp_path):
             assert w.selection.step == early.step < newest
             assert_shows_step(w, history, early.step)
             assert "history" in w.status.text()
+        for n, codes in live.items():  # the history draws what the live view drew
+            w.selection.select_step(n)
+            assert np.array_equal(w.pool.codes, codes), f"step {n}"
         w.activateWindow()
         qtbot.keyClick(w, Qt.Key_End)
         assert w.selection.step is None and w.snapshot.step == newest
