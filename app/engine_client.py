@@ -17,7 +17,7 @@ import time
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from kvscope.app import engine_host
-from kvscope.app.engine_host import EngineInfo, Frame
+from kvscope.app.frames import EngineInfo, Frame
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 HEARTBEAT_MS = 500  # the loaded engine is pinged this often (one ping outstanding at most)

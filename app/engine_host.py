@@ -22,76 +22,20 @@ import os
 import runpy
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
-import numpy as np
-
+from kvscope.app.frames import EngineInfo, Frame, RequestRow, evicted_at
 from kvscope.engine import events as ev
-from kvscope.engine.explain import MissExplanation
-from kvscope.engine.metrics import StepRecord
-from kvscope.engine.snapshot import Snapshot
 from kvscope.engine.stream import StepQueue
 
-
-@dataclass
-class RequestRow:
-    request_id: int
-    state: str  # waiting | prefill | decode | finished: <reason>
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    ttft_s: float | None
-    tpot_s: float | None
-    cache_salt: str | None
-    parent_id: int | None
-    text: str
-
-
-@dataclass
-class Frame:
-    snapshot: Snapshot | None = None
-    evicted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    records: list[StepRecord] = field(default_factory=list)
-    events: list[ev.Event] = field(default_factory=list)
-    requests: list[RequestRow] = field(default_factory=list)
-    explanations: dict[int, MissExplanation] = field(default_factory=dict)  # newly admitted
-
-    def merge(self, later: Frame) -> Frame:
-        """This frame followed by a later one, as if the window had taken only the later."""
-        self.records.extend(later.records)
-        self.events.extend(later.events)
-        self.explanations.update(later.explanations)
-        self.snapshot, self.requests, self.evicted = later.snapshot, later.requests, later.evicted
-        return self
-
-
-@dataclass
-class EngineInfo:
-    """What the window knows about the engine in the other process."""
-
-    model_name: str
-    model_config: dict  # the model's config.json
-    device: str  # "cpu", "cuda", ...
-    cache_dtype: str  # what the KV cache really stores, e.g. "bfloat16"
-    kv_bytes_per_token: int  # measured from the cache tensor
-    num_blocks: int
-    block_size: int
-    num_steps: int = 0  # steps run so far, as of the latest frame
-    explanations: dict[int, MissExplanation] = field(default_factory=dict)
-
-    def explain_miss(self, request_id: int) -> MissExplanation:
-        """Why a request's prompt did not fully hit (KeyError: not admitted yet)."""
-        return self.explanations[request_id]
-
-    def update(self, frame: Frame) -> None:
-        if frame.records:
-            self.num_steps = frame.records[-1].step + 1
-        self.explanations.update(frame.explanations)
+HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last steps
 
 
 class RequestTable:
@@ -196,11 +140,17 @@ class _WindowGone(Exception):
 
 
 class EngineHost:
-    def __init__(self, conn):
+    def __init__(self, conn, keep_history: bool = True):
+        """keep_history: record the session to a temporary file (off only to measure its cost:
+        benchmarks/live_history.py)."""
         self.conn = conn
+        self.keep_history = keep_history
         self.engine = None
         self.runner = None  # a WorkloadRunner feeding the engine, if a workload is running
-        self.recorder = None
+        self.recorder = None  # a recording with text, from when the user asked
+        self.history = None  # the recording every engine keeps, without text (temporary)
+        self._history_dir = None
+        self.save_to: str | None = None  # where "Record" (without text) saves the history
         self.running = False
         self.due = 0.0  # monotonic time of the workload's next arrival
         self.ready = True  # the window has taken the last frame
@@ -220,6 +170,7 @@ class EngineHost:
             pass  # the window's process is gone: nobody to report to
         finally:
             self._stop_recording(report=False)
+            self._close_history()
 
     def _timeout(self) -> float | None:
         if not self.running:
@@ -311,7 +262,8 @@ class EngineHost:
             model_config=json.loads((loaded.path / "config.json").read_text()),
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
-            num_blocks=engine.num_blocks, block_size=engine.config.block_size))
+            num_blocks=engine.num_blocks, block_size=engine.config.block_size,
+            history_path=self._start_history() if self.keep_history else None))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
@@ -336,10 +288,38 @@ class EngineHost:
         self._set_running(True)
         self.due = 0.0
 
+    def _start_history(self) -> str | None:
+        """Record the session to a temporary file, without text, so that the window can show
+        any past step. None if it cannot (the window then shows the newest step only)."""
+        from kvscope.sessions import Recorder
+
+        self._close_history()
+        self._history_dir = tempfile.TemporaryDirectory(prefix="kvscope-history-")
+        path = Path(self._history_dir.name) / "history.kvscope"
+        try:
+            self.history = Recorder(path, self.engine).start()
+        except (OSError, ValueError):
+            self._close_history()
+            return None
+        return str(path)
+
+    def _close_history(self) -> None:
+        if self.history is not None:
+            self.history.close()
+            self.history = None
+        if self._history_dir is not None:
+            self._history_dir.cleanup()
+            self._history_dir = None
+
     def _start_recording(self, path: str, record_text: bool) -> None:
         from kvscope.sessions import Recorder
 
         self._stop_recording()
+        if not record_text and self.history is not None:
+            # The history holds everything since the model loaded: saved on stop.
+            self.save_to = path
+            self._send("recording", path, "recording (since the model loaded, no text)")
+            return
         try:
             self.recorder = Recorder(path, self.engine, record_text=record_text,
                                      overwrite=True).start()
@@ -349,6 +329,8 @@ class EngineHost:
         self._send("recording", path, "recording" + (" (with text)" if record_text else ""))
 
     def _stop_recording(self, report: bool = True) -> None:
+        if self.save_to is not None:
+            self._save_history(report)
         if self.recorder is None:
             return
         recorder, self.recorder = self.recorder, None
@@ -356,6 +338,20 @@ class EngineHost:
         note = f"recorded {status.steps_written} steps to {recorder.path}"
         if status.error:
             note += f" (stopped early: {status.error})"
+        if report:
+            self._send("recording", None, note)
+
+    def _save_history(self, report: bool) -> None:
+        from kvscope.sessions.save import save_copy
+
+        path, self.save_to = self.save_to, None
+        deadline = time.monotonic() + HISTORY_WAIT_S
+        while self.history.status().backlog_steps and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writer commits every flush interval
+        try:
+            note = f"recorded {save_copy(self.history.path, path)} steps to {path}"
+        except (OSError, sqlite3.Error) as e:
+            note = f"could not save the session to {path}: {e}"
         if report:
             self._send("recording", None, note)
 
@@ -413,8 +409,7 @@ class EngineHost:
         if not (self.ready or force):
             return
         f.snapshot = snap = engine.snapshot()
-        f.evicted = np.asarray([b for e in f.events if e.kind == ev.EVICTED
-                                and e.step == snap.step for b in e.blocks], dtype=np.int64)
+        f.evicted = evicted_at(f.events, snap.step)
         f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False

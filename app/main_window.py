@@ -7,8 +7,7 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -26,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
-from kvscope.app.engine_host import EngineInfo, Frame, RequestRow
+from kvscope.app.frames import EngineInfo, Frame
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
@@ -38,11 +37,13 @@ from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
+from kvscope.app.sources import FrameSource, LiveSource, ReplaySource
+from kvscope.app.status_line import HINT, StatusLine
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig
+from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
-HINT = "Press Run demo (F5) or type a prompt"
 DEMO_WORKLOAD = "shared_system_prompt.jsonl"
 
 
@@ -51,36 +52,26 @@ def workloads_dir() -> Path:
 
 
 class MainWindow(QMainWindow):
-    # Sent to the engine process.
-    load_requested = Signal(str, object)
-    submit_requested = Signal(object, object, object)
-    workload_requested = Signal(object)
-    resume_requested = Signal()
-    pause_requested = Signal()
-    step_requested = Signal()
-    cancel_requested = Signal(int)
-    record_requested = Signal(str, bool)
-    stop_record_requested = Signal()
-
     def __init__(self, settings: QSettings | None = None, engine_setup: str | None = None):
         """engine_setup: a Python file each engine process runs first (see engine_host.main)."""
         super().__init__()
         self.setWindowTitle("kvscope")
         self.settings = settings or QSettings("kvscope", "kvscope")
-        self.selection = Selection()
-        self.snapshot = None
+        self.selection = Selection()  # the step shown (None: the newest), request, blocks
+        self.snapshot = None  # the snapshot shown
         self.model_name = "demo"
         self.running = False
-        self.reader = None  # a SessionReader while replaying
         self._tree_due = 0.0
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
-        self._token_window: list[tuple[float, int]] = []
+        self.worker = EngineClient(engine_setup, parent=self)
+        self.live = LiveSource(self.worker)
+        self.source: FrameSource = self.live
         self._build_panels()
         self._build_toolbar()
-        self._build_worker(engine_setup)
-        self._wire_selection()
-        self.status = QLabel(HINT)
+        self._connect_worker()
+        self.selection.step_changed.connect(self._on_cursor)
+        self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.frame_timer = QTimer(self)
         self.frame_timer.timeout.connect(self.pull_frame)
@@ -90,10 +81,10 @@ class MainWindow(QMainWindow):
     # --------------------------------------------------------------- layout
     def _build_panels(self) -> None:
         self.banner = ErrorBanner()
-        self.pool = PoolView()
-        self.replay_bar = ReplayBar()
+        sel = self.selection
+        self.pool = PoolView(sel)
+        self.replay_bar = ReplayBar(sel)
         self.replay_bar.hide()
-        self.replay_bar.step_changed.connect(self.show_replay_step)
         self.replay_bar.leave_requested.connect(self.leave_replay)
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -102,12 +93,14 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.replay_bar)
         layout.addWidget(self.pool, 1)
         self.setCentralWidget(central)
-        self.requests = RequestsPanel()
+        self.requests = RequestsPanel(sel)
         self.composer = Composer()
-        self.details = DetailsPanel()
-        self.timeline = Timeline()
-        self.events = EventsPanel()
-        self.tree = PrefixTreePanel()
+        self.details = DetailsPanel(sel)
+        self.timeline = Timeline(sel)
+        self.events = EventsPanel(sel)
+        self.tree = PrefixTreePanel(sel)
+        self.panels = [self.pool, self.requests, self.details, self.timeline, self.events,
+                       self.tree]  # each shows every frame: show_frame(frame), clear()
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
         self.docks = {}
@@ -153,13 +146,17 @@ class MainWindow(QMainWindow):
         self.act_step.setShortcuts([QKeySequence("N"), QKeySequence(Qt.Key_Right)])
         self.act_step.setToolTip("Step (N or →); in replay, the next recorded step")
         self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
-        self.act_back = self._action("Step back", "Left", lambda: self.replay_step_by(-1))
+        self.act_back = self._action("Step back", "Left", lambda: self.move_cursor(-1))
+        self.act_back.setToolTip("The previous step (←): live, this looks back in the history")
+        self.act_follow = self._action("Follow live", "End", self.follow)
+        self.act_follow.setToolTip("Show the newest step again (End); in replay, the last step")
+        self.act_follow.setEnabled(False)
         self.act_record = self._action("Record ●", "Ctrl+R", self.toggle_recording)
         self.act_record.setCheckable(True)
         self.act_open_session = self._action("Open session…", "Ctrl+O", self.open_session_dialog)
         self.act_export = self._action("Export…", "Ctrl+E", self.export_dialog)
         for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step,
-                  self.act_record, self.act_open_session, self.act_export):
+                  self.act_follow, self.act_record, self.act_open_session, self.act_export):
             tb.addAction(a)
         self.addAction(self.act_filter)
         tb.addSeparator()
@@ -180,6 +177,15 @@ class MainWindow(QMainWindow):
         tb.addWidget(self.block_size_box)
         self.act_apply = self._action("Apply (reload)", "Ctrl+Shift+R", self.reload)
         tb.addAction(self.act_apply)
+        self.policy_label = QLabel()  # a replayed session's eviction policy, when recorded
+        self.policy_label.setToolTip("The session's eviction policy")
+        self.policy_shown = tb.addWidget(self.policy_label)
+        self.policy_shown.setVisible(False)
+        self.settings_widgets = (self.model_box, self.act_open_model, self.prefix_box,
+                                 self.kv_box, self.blocks_box, self.block_size_box,
+                                 self.act_apply)
+        self._tips = {w: w.toolTip() for w in self.settings_widgets}
+        self._live_settings: tuple | None = None  # the user's, kept while replaying
 
     def _action(self, text: str, shortcut: str, slot) -> QAction:
         action = QAction(text, self)
@@ -194,42 +200,21 @@ class MainWindow(QMainWindow):
         """The loaded engine, as far as the window knows it (it runs in its own process)."""
         return self.worker.info
 
-    def _build_worker(self, engine_setup: str | None) -> None:
-        self.worker = EngineClient(engine_setup, parent=self)
-        self.load_requested.connect(self.worker.load)
-        self.submit_requested.connect(self.worker.submit)
-        self.workload_requested.connect(self.worker.run_workload)
-        self.resume_requested.connect(self.worker.resume)
-        self.pause_requested.connect(self.worker.pause)
-        self.step_requested.connect(self.worker.step_once)
-        self.cancel_requested.connect(self.worker.cancel)
-        self.record_requested.connect(self.worker.start_recording)
-        self.stop_record_requested.connect(self.worker.stop_recording)
-        self.worker.recording_changed.connect(self._on_recording_changed)
-        self.worker.model_loaded.connect(self._on_model_loaded)
-        self.worker.load_failed.connect(self._on_load_failed)
-        self.worker.engine_error.connect(self._on_engine_error)
-        self.worker.running_changed.connect(self._on_running_changed)
-        self.worker.engine_exited.connect(self._on_engine_exited)
-        self.worker.request_failed.connect(
-            lambda message, detail: self.banner.show_error(
-                f"A request failed (the others run on): {message}", detail))
-        self.worker.not_responding.connect(self._on_not_responding)
-        self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
+    def _connect_worker(self) -> None:
+        w = self.worker
+        w.recording_changed.connect(self._on_recording_changed)
+        w.model_loaded.connect(self._on_model_loaded)
+        w.load_failed.connect(self._on_load_failed)
+        w.engine_error.connect(self._on_engine_error)
+        w.running_changed.connect(self._on_running_changed)
+        w.engine_exited.connect(self._on_engine_exited)
+        w.request_failed.connect(lambda message, detail: self.banner.show_error(
+            f"A request failed (the others run on): {message}", detail))
+        w.not_responding.connect(self._on_not_responding)
+        w.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
         self.composer.submitted.connect(self.submit)
-        self.requests.cancel_requested.connect(self.cancel_requested)
+        self.requests.cancel_requested.connect(w.cancel)
         self.requests.explain_requested.connect(self.explain)
-
-    def _wire_selection(self) -> None:
-        sel = self.selection
-        self.requests.request_selected.connect(sel.select_request)
-        self.pool.block_clicked.connect(sel.select_block)
-        self.tree.block_clicked.connect(sel.select_block)
-        self.timeline.step_clicked.connect(sel.select_step)
-        self.events.event_selected.connect(self._on_event_selected)
-        sel.request_changed.connect(self._on_request_selected)
-        sel.block_changed.connect(self._on_block_selected)
-        sel.step_changed.connect(self.timeline.set_cursor)
 
     def _restore_layout(self) -> None:
         geometry = self.settings.value("geometry")
@@ -249,6 +234,8 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("window_state", self.saveState())
         self.device.stop()
+        self.source.close()
+        self.live.close()
         self.worker.shutdown()  # each engine process finalises its recording first
         super().closeEvent(event)
 
@@ -267,7 +254,7 @@ class MainWindow(QMainWindow):
         self.progress.setMinimumDuration(300)
         self.progress.canceled.connect(self._on_load_cancelled)
         self.status.setText(f"loading {name}…")
-        self.load_requested.emit(name, self.engine_config())
+        self.worker.load(name, self.engine_config())
 
     def reload(self) -> None:
         self.load_model(self.model_box.currentText().strip() or "demo")
@@ -282,20 +269,22 @@ class MainWindow(QMainWindow):
         if self.engine is None:
             self.banner.show_error("No model is loaded yet.")
             return
-        self.submit_requested.emit(prompt, params, salt)
-        self.resume_requested.emit()
+        self.worker.submit(prompt, params, salt)
+        self.worker.resume()
 
     def run_or_resume(self) -> None:
         """F5: start the demo workload the first time, resume afterwards; in replay, play."""
-        if self.reader is not None:
+        if not self.source.live:
             self.replay_bar.play_button.setChecked(True)
             return
         if self.engine is None:
+            self.banner.show_error("No model is loaded: load one with Apply (reload), Enter in "
+                                   "the model box, or Open model folder (Ctrl+L).")
             return
         if not self._demo_started:
             self.run_workload(workloads_dir() / DEMO_WORKLOAD)
         else:
-            self.resume_requested.emit()
+            self.worker.resume()
 
     _demo_started = False
 
@@ -315,24 +304,58 @@ class MainWindow(QMainWindow):
             return
         self._demo_started = True
         self.status.setText(f"running {path.name} ({len(workload)} requests)")
-        self.workload_requested.emit(workload)
+        self.worker.run_workload(workload)
 
     def pause(self) -> None:
-        if self.reader is not None:
+        if not self.source.live:
             self.replay_bar.play_button.setChecked(not self.replay_bar.play_button.isChecked())
             return
-        self.pause_requested.emit()
+        self.worker.pause()
 
     def step_once(self) -> None:
-        if self.reader is not None:
-            self.replay_step_by(1)
+        """N or →: the engine runs one step; looking at a past step, the next step is shown."""
+        if self.source.live and self.selection.step is None:
+            self.worker.step_once()
+        else:
+            self.move_cursor(1)
+
+    # ---------------------------------------------------------- time cursor
+    def move_cursor(self, delta: int) -> None:
+        steps = self.source.step_range()
+        if steps is None:
             return
-        self.step_requested.emit()
+        now = self.selection.step if self.selection.step is not None else steps[1]
+        self.selection.select_step(max(steps[0], min(steps[1], now + delta)))
+
+    def follow(self) -> None:
+        """End: back to the newest step (live), or the last step (replay)."""
+        steps = self.source.step_range()
+        self.selection.select_step(None if self.source.live or steps is None else steps[1])
+
+    def _on_cursor(self, step: int | None) -> None:
+        """The time cursor moved: every panel shows that step."""
+        self.act_follow.setEnabled(self.source.live and step is not None)
+        steps = self.source.step_range()
+        if self.source.live and (step is None or steps is None or step >= steps[1]):
+            if step is not None:
+                self.selection.select_step(None)  # the newest step: follow it again
+                return
+            self.show_frame(self.live.newest())
+            return
+        if step is None:
+            return
+        try:
+            frame = self.source.frame_at(step)
+        except SessionError as e:
+            self.banner.show_error(f"Cannot show step {step}: {e}")
+            return
+        self.show_frame(frame)
+        self.tree.flush()
 
     # -------------------------------------------------------------- sessions
     def toggle_recording(self) -> None:
         if self.recording_path is not None:
-            self.stop_record_requested.emit()
+            self.worker.stop_recording()
             return
         self.act_record.setChecked(False)  # checked once the worker says it records
         if self.engine is None:
@@ -348,7 +371,9 @@ class MainWindow(QMainWindow):
             self.start_recording(path, text)
 
     def start_recording(self, path: str, record_text: bool = False) -> None:
-        self.record_requested.emit(path, record_text)
+        """Without text, the engine saves the session it keeps since the model loaded, when the
+        recording stops; with text, it records from now on (the history has no text)."""
+        self.worker.start_recording(path, record_text)
 
     def _on_recording_changed(self, path, note: str) -> None:
         if path is None and self.recording_path is not None:
@@ -365,71 +390,85 @@ class MainWindow(QMainWindow):
             self.open_session(path)
 
     def open_session(self, path: str) -> bool:
-        from kvscope.sessions import SessionError, SessionReader
-
+        """Replay a session file. A bad file shows the banner and changes nothing."""
         try:
-            reader = SessionReader(path)
-            if reader.num_steps == 0:
-                reader.close()
-                raise SessionError(f"{path}: the session has no recorded steps")
-            events = reader.events_between(reader.first_step, reader.last_step)
+            source = ReplaySource.open(path)
         except SessionError as e:
             self.banner.show_error(f"Cannot open the session: {e}")
             return False
-        self.pause_requested.emit()
-        if self.reader is not None:
-            self.reader.close()
-        self.reader = reader
-        self.banner.hide()
-        self.timeline.clear()
-        self.timeline.add_records(reader.steps())
-        self.events.clear()
-        self.events.add_events(events)
-        self.requests.set_rows([_recorded_row(r) for r in reader.requests()])
-        self.replay_bar.set_session(reader.first_step, reader.last_step, events)
-        self.replay_bar.show()
-        self.show_replay_step(reader.first_step)
+        self.worker.pause()
+        self.set_source(source)
         return True
 
-    def show_replay_step(self, step: int) -> None:
-        if self.reader is None:
-            return
-        from kvscope.sessions import SessionError
+    @property
+    def reader(self):
+        """The session being replayed (None: live)."""
+        return getattr(self.source, "reader", None)
 
-        try:
-            snap = self.reader.snapshot_at(step)
-            evicted = [b for e in self.reader.events_at(step) if e.kind == "evicted"
-                       for b in e.blocks]
-        except SessionError as e:
-            self.banner.show_error(f"Cannot show step {step}: {e}")
+    def set_source(self, source: FrameSource) -> None:
+        """Show another source: the panels start empty, then show all it has."""
+        if self.source is not self.live and self.source is not source:
+            self.source.close()
+        self.source = source
+        self.banner.hide()
+        for panel in self.panels:
+            panel.clear()
+        self.snapshot = None
+        self._show_settings(source)
+        self.requests.set_read_only(source.read_only)
+        self.composer.set_read_only(source.read_only)
+        self.replay_bar.setVisible(not source.live)
+        self.replay_bar.play_button.setChecked(False)
+        self.selection.reset()
+        if source.live:
+            self.show_frame(self.live.everything())
             return
-        self.snapshot = snap
-        self.pool.set_snapshot(snap, np.asarray(evicted, dtype=np.int64))
-        self.tree.set_snapshot(snap)
-        self.selection.select_step(step)
-        self._refresh_selection()
-        self.replay_bar.label.setText(f"step {step} / {self.reader.last_step}")
-        self.status.setText(f"replay · {Path(self.reader.path).name} · "
-                            f"{self.reader.meta.model_name} · step {step} · "
-                            f"{snap.num_active_blocks}/{snap.num_blocks} used · "
-                            f"{snap.num_cached_blocks} cached · hit {snap.token_hit_rate:.0%}")
+        steps = source.step_range()
+        first = source.take_frame()
+        self.replay_bar.set_session(*steps, first.events)
+        self.show_frame(first)
+        self.selection.select_step(steps[0])
 
-    def replay_step_by(self, delta: int) -> None:
-        if self.reader is not None:
-            self.replay_bar.step_by(delta)
+    def _show_settings(self, source: FrameSource) -> None:
+        """In replay the toolbar shows the session's settings, read-only; live, the user's."""
+        if source.live and self._live_settings is not None:
+            self._set_settings(*self._live_settings)
+            self._live_settings = None
+        elif not source.live:
+            self._live_settings = self._live_settings or (
+                self.model_box.currentText(), self.prefix_box.isChecked(),
+                self.kv_box.currentText(), self.blocks_box.value(), self.block_size_box.value())
+            cfg = source.settings()
+            self._set_settings(str(cfg["model"]), cfg.get("enable_prefix_caching") is not False,
+                               str(cfg.get("kv_cache_dtype") or "auto"), cfg["num_blocks"],
+                               cfg["block_size"])
+        policy = None if source.live else source.settings().get("policy")
+        self.policy_label.setText(f" policy {policy} ")
+        self.policy_shown.setVisible(policy is not None)
+        for widget in self.settings_widgets:
+            widget.setEnabled(source.live)
+            if not isinstance(widget, QAction):
+                widget.setToolTip(self._tips[widget] if source.live else
+                                  "The session's settings (read-only while replaying)")
+
+    def _set_settings(self, model: str, prefix: bool, kv: str, blocks: int, size: int) -> None:
+        self.model_box.setEditText(model)
+        self.prefix_box.setChecked(prefix)
+        self.kv_box.setCurrentText(kv)
+        self.blocks_box.setValue(blocks)
+        self.block_size_box.setValue(size)
 
     def leave_replay(self) -> None:
-        if self.reader is None:
+        """Back to live: the engine's session as it was; with no engine, load the model."""
+        if self.source.live:
             return
-        self.reader.close()
-        self.reader = None
-        self.replay_bar.play_button.setChecked(False)
-        self.replay_bar.hide()
-        self.timeline.clear()
-        self.events.clear()
-        self.requests.set_rows([])
-        self.snapshot = None
-        self.status.setText(f"{self.model_name} · live · {HINT}")
+        self.set_source(self.live)
+        if self.engine is None and not self.worker.loading:
+            self.status.setText("no model is loaded: loading " +
+                                (self.model_box.currentText().strip() or "demo"))
+            self.reload()
+        else:
+            self.status.setText(f"{self.model_name} · live · {HINT}")
 
     def export_dialog(self) -> None:
         path = str(self.reader.path) if self.reader is not None else self.last_session
@@ -462,31 +501,39 @@ class MainWindow(QMainWindow):
         self.events.search.setFocus()
 
     def explain(self, rid: int) -> None:
-        if self.engine is None:
-            return
+        """Why did this miss? As the source explains it at the step shown."""
         try:
-            why = self.engine.explain_miss(rid)
-        except KeyError:
-            self.details.show_text(f"Request #{rid}", "It has not been admitted yet: nothing "
-                                   "was looked up in the cache.")
+            why = self.source.explain(rid, self.selection.step)
+        except SessionError as e:
+            self.banner.show_error(f"Cannot explain #{rid}: {e}")
             return
-        self.details.show_text(f"Why #{rid} missed", why.message)
+        self.docks["details"].raise_()
+        if why is None:
+            self.details.show_text(f"Request #{rid}", "It had not been admitted by this step: "
+                                   "nothing was looked up in the cache yet.")
+        else:
+            self.details.show_text(f"Why #{rid} missed", why.message)
 
     # ------------------------------------------------------------- worker
     def _on_model_loaded(self, engine: EngineInfo) -> None:
-        self.progress.reset()
+        self._close_progress()
         self.model_name = self._loading_name
-        self.snapshot = None
         self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
         self._demo_started = False
-        self.timeline.clear()
-        self.events.clear()
-        self.selection.select_request(None)
-        self.selection.select_block(None)
+        self.live.reset()
+        if self.source.live:
+            self.set_source(self.live)
         self.status.setText(f"{self.model_name} loaded · {HINT}")
 
-    def _on_load_failed(self, message: str, detail: str) -> None:
+    def _close_progress(self) -> None:
+        """The load dialog goes; the window gets the keyboard back (F5 right away)."""
+        shown = self.progress.isVisible()
         self.progress.reset()
+        if shown:
+            self.activateWindow()
+
+    def _on_load_failed(self, message: str, detail: str) -> None:
+        self._close_progress()
         self.banner.show_error(f"Could not load the model: {message}", detail)
         self.status.setText(HINT if self.engine else "no model loaded")
 
@@ -514,14 +561,14 @@ class MainWindow(QMainWindow):
 
     # -------------------------------------------------------------- frames
     def pull_frame(self) -> None:
-        if self.reader is not None:
-            return  # replaying: the live engine is paused and its frames wait
-        frame: Frame | None = self.worker.take_frame()
+        frame = self.source.take_frame()
         if frame is None:
-            self._update_tree()  # the engine stopped: the tree catches up with the last frame
+            self._update_tree()  # the source is quiet: the tree catches up with the last frame
             return
+        if self.selection.step is not None:  # the user looks at a past step: keep it
+            frame = Frame(records=frame.records, events=frame.events)
         t0 = time.monotonic()
-        self._draw_frame(frame)
+        self.show_frame(frame)
         # However costly a frame is to draw, painting included (the paint that followed the
         # previous frame: this one's is done by the event loop, just after), the window leaves
         # two thirds of its time to input, and as much CPU and memory bandwidth to the engine
@@ -543,18 +590,16 @@ class MainWindow(QMainWindow):
             self._paint_s += time.monotonic() - t0
         return handled
 
-    def _draw_frame(self, frame: Frame) -> None:
-        self.snapshot = frame.snapshot
-        self.pool.set_snapshot(frame.snapshot, frame.evicted)
-        self.requests.set_rows(frame.requests)
-        self._tree_stale = True
-        if not self.timeline.add_records(frame.records):  # the two costly panels take turns
+    def show_frame(self, frame: Frame) -> None:
+        """The one path from a source to the panels."""
+        if frame.snapshot is not None:
+            self.snapshot = frame.snapshot
+        for panel in self.panels:
+            panel.show_frame(frame)
+        if not self.timeline.redrew:  # the two costly panels take turns
             self._update_tree()
-        self.events.add_events(frame.events)
-        self._refresh_selection()
-        self._update_status(frame)
-
-    _tree_stale = False  # frames came since the tree's last rebuild began
+        self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
+                               self.model_name, self.engine, self.running)
 
     def _update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
@@ -563,68 +608,7 @@ class MainWindow(QMainWindow):
             self.tree.advance()
             return
         now = time.monotonic()
-        if (self._tree_stale and now >= self._tree_due and self.snapshot is not None
+        if (self.tree.stale and now >= self._tree_due and self.tree.latest is not None
                 and not self.docks["tree"].visibleRegion().isEmpty()):
-            self.tree.prepare(self.snapshot)
-            self._tree_due, self._tree_stale = now + 1 / TREE_HZ, False
-
-    def _update_status(self, frame: Frame) -> None:
-        s = frame.snapshot
-        for r in frame.records:
-            self._token_window.append((r.start_s + r.wall_s, r.prefill_tokens + r.decode_tokens))
-        if self._token_window:
-            end = self._token_window[-1][0]
-            self._token_window = [(t, n) for t, n in self._token_window if t > end - 2.0]
-        tokens = sum(n for _, n in self._token_window)
-        span = (self._token_window[-1][0] - self._token_window[0][0]) if len(
-            self._token_window) > 1 else 0
-        rate = f"{tokens / span:.0f} tok/s" if span > 0 else "– tok/s"
-        device = self.engine.device if self.engine is not None else "?"
-        if self.engine is not None and self.engine.num_steps == 0:
-            self.status.setText(f"{self.model_name} · {device} · {s.num_blocks} blocks of "
-                                f"{s.block_size} tokens · {HINT}")
-            return
-        self.status.setText(
-            f"{self.model_name} · {device} · {s.num_active_blocks}/{s.num_blocks} used · "
-            f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · step {s.step} · "
-            f"hit {s.token_hit_rate:.0%} · {rate}" + (" · running" if self.running else ""))
-
-    # ----------------------------------------------------------- selection
-    def _refresh_selection(self) -> None:
-        rid = self.selection.request
-        self.requests.show_block_table(self.snapshot, rid)
-        blocks = None
-        if self.snapshot is not None and rid in self.snapshot.block_tables:
-            blocks = self.snapshot.block_tables[rid]
-        elif self.selection.block is not None:
-            blocks = [self.selection.block]
-        self.pool.highlight(blocks)
-        self.tree.highlight(blocks)
-
-    def _on_request_selected(self, rid) -> None:
-        self.requests.select(rid)
-        self._refresh_selection()
-
-    def _on_block_selected(self, block) -> None:
-        if block is not None and self.snapshot is not None:
-            self.details.show_text(f"Block {block}", self.pool.describe(block))
-            owners = [r for r, t in self.snapshot.block_tables.items() if block in t]
-            if owners:
-                self.selection.select_request(min(owners))
-                return
-        self._refresh_selection()
-
-    def _on_event_selected(self, event) -> None:
-        self.selection.select_step(event.step)
-        if event.request_id is not None:
-            self.selection.select_request(event.request_id)
-        if event.blocks:
-            self.pool.highlight(np.asarray(event.blocks))
-
-
-def _recorded_row(r) -> RequestRow:
-    """A requests-table row from a recorded request (its state when the recording ended)."""
-    state = f"finished: {r.finish_reason}" if r.status == "finished" else r.status
-    return RequestRow(r.request_id, state, r.prompt_tokens, r.cached_tokens or 0,
-                      r.output_tokens or 0, r.ttft_s, r.tpot_s, r.salt_digest, r.parent_id,
-                      r.output_text or "")
+            self.tree.prepare(self.tree.latest)
+            self._tree_due, self.tree.stale = now + 1 / TREE_HZ, False

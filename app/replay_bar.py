@@ -8,6 +8,7 @@ import bisect
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QWidget
 
+from kvscope.app.selection import Selection
 from kvscope.engine import events as ev
 
 SPEEDS = {"0.5×": 5, "1×": 10, "2×": 20, "4×": 40, "8×": 80}  # steps per second
@@ -18,10 +19,13 @@ class ReplayBar(QWidget):
     step_changed = Signal(int)
     leave_requested = Signal()
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
         self.slider = QSlider(Qt.Horizontal)
         self.slider.valueChanged.connect(self.step_changed)
+        self.step_changed.connect(self.selection.select_step)
+        self.selection.step_changed.connect(self._on_cursor)
         self.play_button = QPushButton("▶ Play")
         self.play_button.setCheckable(True)
         self.play_button.toggled.connect(self._on_play)
@@ -64,6 +68,15 @@ class ReplayBar(QWidget):
         self.slider.setValue(first)
         self.slider.blockSignals(False)
         self._on_speed(self.speed.currentText())
+
+    def _on_cursor(self, step: int | None) -> None:
+        """The time cursor moved (here or in another panel): the slider follows, silently."""
+        if step is None:
+            return
+        self.slider.blockSignals(True)
+        self.slider.setValue(step)
+        self.slider.blockSignals(False)
+        self.label.setText(f"step {step} / {self.slider.maximum()}")
 
     @property
     def step(self) -> int:

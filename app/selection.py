@@ -1,32 +1,67 @@
-"""Global selection: a request, a block or a step selected in one panel is highlighted in all."""
+"""The one selection model: the step shown (the time cursor), the selected request and blocks.
+
+Panels subscribe to its signals, as napari's views subscribe to their model's events, and change
+it directly; the window relays nothing. `step` None means "the newest step" (following a live
+engine)."""
 
 from __future__ import annotations
 
+import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 
 class Selection(QObject):
-    request_changed = Signal(object)  # request id or None
-    block_changed = Signal(object)  # block id or None
     step_changed = Signal(object)  # step or None
+    request_changed = Signal(object)  # request id or None
+    blocks_changed = Signal(object)  # tuple of block ids (empty: none picked by hand)
 
     def __init__(self):
         super().__init__()
-        self.request: int | None = None
-        self.block: int | None = None
         self.step: int | None = None
+        self.request: int | None = None
+        self.blocks: tuple[int, ...] = ()
 
-    def select_request(self, rid: int | None) -> None:
-        if rid != self.request:
-            self.request = rid
-            self.request_changed.emit(rid)
-
-    def select_block(self, block: int | None) -> None:
-        if block != self.block:
-            self.block = block
-            self.block_changed.emit(block)
+    def reset(self) -> None:
+        """Nothing selected, the newest step (a new source): every subscriber is told."""
+        self.step, self.request, self.blocks = None, None, ()
+        self.request_changed.emit(None)
+        self.blocks_changed.emit(())
+        self.step_changed.emit(None)
 
     def select_step(self, step: int | None) -> None:
         if step != self.step:
             self.step = step
             self.step_changed.emit(step)
+
+    def select_request(self, rid: int | None) -> None:
+        """A request: its blocks are highlighted at every step shown (a table re-selecting the
+        selected request keeps the blocks picked with it)."""
+        if rid != self.request:
+            self.select(request=rid, blocks=())
+
+    def select_block(self, block: int | None, snap=None) -> None:
+        """One block; its lowest-numbered owner in `snap` becomes the selected request."""
+        owners = [] if snap is None or block is None else [
+            r for r, t in snap.block_tables.items() if block in t]
+        self.select(request=min(owners) if owners else None,
+                    blocks=() if block is None else (int(block),))
+
+    def select(self, step=..., request=..., blocks=...) -> None:
+        """Change several at once (an event names its step, request and blocks): the request
+        and blocks change first, so the step's panels draw them."""
+        if request is not ... and request != self.request:
+            self.request = request
+            self.request_changed.emit(request)
+        if blocks is not ... and tuple(blocks) != self.blocks:
+            self.blocks = tuple(int(b) for b in blocks)
+            self.blocks_changed.emit(self.blocks)
+        if step is not ...:
+            self.select_step(step)
+
+    def highlighted(self, snap) -> np.ndarray:
+        """The blocks to outline in `snap`: those picked by hand, else the request's table."""
+        if self.blocks:
+            return np.asarray(self.blocks, dtype=np.int64)
+        if snap is not None and self.request in snap.block_tables:
+            return np.asarray(snap.block_tables[self.request], dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)

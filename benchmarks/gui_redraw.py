@@ -199,8 +199,8 @@ def gui_run(app) -> tuple[float, float]:
     window.worker.take_frame = take_and_keep
     t0 = time.perf_counter()
     for p in PROMPTS:  # all queued before the engine runs, as generate() does headless
-        window.submit_requested.emit(p, PARAMS, None)
-    window.resume_requested.emit()
+        window.worker.submit(p, PARAMS, None)
+    window.worker.resume()
     run_until(lambda: all_done(len(WARMUP[0]) + len(PROMPTS)))
     elapsed = time.perf_counter() - t0
     tokens = sum(r.output_tokens for r in rows()[len(WARMUP[0]):])

@@ -347,6 +347,12 @@ class SessionReader:
     def events_at(self, step: int) -> list[Event]:
         return self.events_between(step, step)
 
+    def events_published(self, first: int, last: int, kinds=None) -> list[tuple[int, Event]]:
+        """(the step that published it, event) for the events of steps first..last, optionally
+        only those of some kinds (one query: cheap for a whole session)."""
+        return [(s, Event(k, st, rid, blocks, t, hashes, detail))
+                for s, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last, kinds)]
+
     def _events(self, first: int, last: int, kinds=None) -> list[tuple[int, tuple]]:
         """(published step, event tuple) pairs, optionally only of some kinds."""
         rows = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "
@@ -359,6 +365,19 @@ class SessionReader:
             raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
                                       f"{e}") from e
         return out
+
+    def explanation(self, request_id: int, step: int | None = None):
+        """Why a request missed the prefix cache, as the engine explained it at its latest
+        admission at or before `step` (a MissExplanation; None if it was not admitted by then,
+        or the file predates schema version 2, which added explanations)."""
+        has_table = self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                "name = 'explanations'")
+        if not has_table:
+            return None
+        rows = self._query(f"SELECT {', '.join(schema.EXPLANATION_COLUMNS)} FROM explanations "
+                           "WHERE request_id = ? AND step <= ? ORDER BY step DESC LIMIT 1",
+                           (request_id, self.last_step if step is None else step))
+        return schema.explanation_from_row(rows[0]) if rows else None
 
     # ---------------------------------------------------------------- replay
     def snapshot_at(self, step: int) -> Snapshot:

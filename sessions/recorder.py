@@ -119,6 +119,7 @@ class _Capture:
     totals: tuple[int, ...]
     new_requests: list[_RequestInfo]
     raw: PoolState | None  # a copy of the pool for a keyframe
+    explanations: list[tuple]  # rows of the explanations table
 
 
 class Recorder:
@@ -346,8 +347,9 @@ class Recorder:
             self._kf_copy_s = time.perf_counter() - t
             self._steps_since_kf = self._events_since_kf = 0
             self._force_kf = False
+        why = [schema.explanation_row(u.record.step, e) for e in u.explanations]
         self._queue.put(_Capture([(u.record, tuples)], finished, u.num_computed_tokens,
-                                 u.counters.as_tuple(), new, raw))
+                                 u.counters.as_tuple(), new, raw, why))
         self._captured += 1
         self._events_captured += len(tuples)
         backlog = self._captured - self._written
@@ -429,6 +431,7 @@ class Recorder:
 
     def _write(self, batch: list[_Capture]) -> None:
         req_rows, fin_rows, step_rows, event_rows, kf_rows = [], [], [], [], []
+        why_rows = [row for cap in batch for row in cap.explanations]
         num_events = 0
         for cap in batch:
             for info in cap.new_requests:
@@ -469,6 +472,8 @@ class Recorder:
             _insert_rows(conn, "events", schema.EVENT_COLUMNS, event_rows)
         if kf_rows:
             _insert_rows(conn, "keyframes", list(kf_rows[0]), kf_rows)
+        if why_rows:
+            _insert_rows(conn, "explanations", list(schema.EXPLANATION_COLUMNS), why_rows)
         conn.execute("COMMIT")
         self._last_commit = time.monotonic()
         self._written += len(step_rows)

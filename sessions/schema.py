@@ -20,6 +20,9 @@ A session is a SQLite file (extension ``.kvscope``). Tables:
   forth with the engine thread). An event's ``event_steps`` entry is the step the engine
   stamped on it: a cancel between steps N and N+1 is stamped N but published with step N+1,
   and replays with N+1.
+- ``explanations`` (since version 2): why each admitted request missed the prefix cache, as the
+  engine explained it at admission (one row per admission: a preempted request is explained
+  again when it is re-admitted). Version 1 files have no such table and still open.
 - ``keyframes``: the full block state every K steps (zlib-compressed numpy arrays, little-endian
   dtypes recorded in ``layout``). ``snapshot_at(step)`` decodes the nearest keyframe at or before
   the step and replays the events that follow (see replay.py).
@@ -38,10 +41,11 @@ from itertools import accumulate, chain
 
 import numpy as np
 
+from kvscope.engine.explain import MissExplanation
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import CacheCounters, Snapshot
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the explanations table
 APPLICATION_ID = 0x6B767363  # "kvsc"
 SUFFIX = ".kvscope"
 
@@ -91,11 +95,34 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
         "request_ids": bytes, "time_ns": bytes, "num_blocks": bytes, "blocks": bytes,
         "num_hashes": bytes, "hashes": bytes, "details": str,
     }, pk="step")
+    db["explanations"].create({name: EXPLANATION_COLUMNS[name] for name in EXPLANATION_COLUMNS},
+                              pk=("request_id", "step"))
     kf = {"step": int, "num_blocks": int, "codec": str, "layout": str}
     kf.update({name: bytes for name in KEYFRAME_ARRAYS})
     kf.update({"table_ids": bytes, "table_lens": bytes, "table_blocks": bytes, "nct": bytes,
                "counters": str})
     db["keyframes"].create(kf, pk="step")
+
+
+# ------------------------------------------------------------------ explanations
+EXPLANATION_COLUMNS = {
+    "step": int, "request_id": int, "reason": str, "num_prompt_tokens": int, "block_size": int,
+    "num_hit_blocks": int, "first_miss_block": int, "dropped_at_step": int, "dropped_by": str,
+    "differing_keys": str,
+}
+
+
+def explanation_row(step: int, why) -> tuple:
+    """A MissExplanation made at `step` as a row of the explanations table."""
+    return (step, why.request_id, why.reason, why.num_prompt_tokens, why.block_size,
+            why.num_hit_blocks, why.first_miss_block, why.dropped_at_step, why.dropped_by,
+            ",".join(why.differing_keys))
+
+
+def explanation_from_row(row: tuple) -> MissExplanation:
+    _, rid, reason, n, bs, hit, first, dropped_at, dropped_by, keys = row
+    return MissExplanation(rid, reason, n, bs, hit, first, dropped_at, dropped_by,
+                           tuple(k for k in (keys or "").split(",") if k))
 
 
 # ----------------------------------------------------------------- event blobs

@@ -50,6 +50,12 @@ class Composer(QWidget):
         layout.addWidget(self.prompt, 1)
         layout.addLayout(row)
 
+    def set_read_only(self, why: str | None) -> None:
+        """Submitting is off (with `why` as the tooltip) while the source cannot change."""
+        self.submit_button.setEnabled(why is None)
+        self.prompt.setReadOnly(why is not None)
+        self.submit_button.setToolTip(why or "Submit the prompt (Ctrl+Enter)")
+
     def params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens.value(),
                               temperature=self.temperature.value(), n=self.n.value())

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
 
+from kvscope.app.frames import Frame
+from kvscope.app.panels.pool_view import describe_block
+from kvscope.app.selection import Selection
+
 HOW_TO_READ = (
     "<b>How to read this window.</b> Each cell of the block pool is one physical KV block "
     "(block_size token slots in every layer). Blue blocks hold one request's tokens, orange "
@@ -14,17 +18,45 @@ HOW_TO_READ = (
 
 
 class DetailsPanel(QWidget):
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.selection.blocks_changed.connect(self._describe_block)
+        self.snapshot = None
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
         self.text = QTextBrowser()
+        self.text.setOpenLinks(False)  # "step:N" links move the time cursor
+        self.text.anchorClicked.connect(self._on_link)
         self.text.setPlaceholderText("Select a request and press “Why did this miss?”, or "
                                      "click a block")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.help)
         layout.addWidget(self.text, 1)
+
+    def show_frame(self, frame: Frame) -> None:
+        if frame.snapshot is not None:
+            self.snapshot = frame.snapshot
+
+    def clear(self) -> None:
+        self.snapshot = None
+        self.text.clear()
+
+    def _describe_block(self, blocks) -> None:
+        """One block picked (a click in the pool or the tree): what it holds at this step, and
+        a link to the step that last used it."""
+        if len(blocks) == 1 and self.snapshot is not None:
+            block = blocks[0]
+            body = describe_block(self.snapshot, block)
+            last = int(self.snapshot.last_use[block])
+            if last >= 0:
+                body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
+            self.show_text(f"Block {block}", body)
+
+    def _on_link(self, url) -> None:
+        if url.scheme() == "step":
+            self.selection.select_step(int(url.path()))
 
     def show_text(self, title: str, body: str) -> None:
         self.text.setHtml(f"<h3>{title}</h3><p>{body}</p>")

@@ -13,6 +13,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app.frames import Frame
+from kvscope.app.selection import Selection
 from kvscope.engine import events as ev
 
 FILTERS = [(ev.EVICTED, "evicted"), (ev.COW, "cow"), (ev.PREEMPTED, "preempted"),
@@ -35,8 +37,11 @@ def describe(e: ev.Event) -> str:
 class EventsPanel(QWidget):
     event_selected = Signal(object)  # Event
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.event_selected.connect(lambda e: self.selection.select(
+            request=e.request_id, blocks=e.blocks, step=e.step))
         self.checks: dict[str, QCheckBox] = {}
         row = QHBoxLayout()
         for kind, label in FILTERS:
@@ -57,6 +62,9 @@ class EventsPanel(QWidget):
         layout.addLayout(row)
         layout.addWidget(self.list)
         self.events: list[ev.Event] = []
+
+    def show_frame(self, frame: Frame) -> None:
+        self.add_events(frame.events)
 
     def clear(self) -> None:
         self.events.clear()

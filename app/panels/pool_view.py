@@ -11,6 +11,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.frames import Frame
+from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import STATE_NAMES, Snapshot
 
 
@@ -19,11 +21,31 @@ def grid_columns(num_blocks: int, aspect: float = 1.5) -> int:
     return int(min(512, max(8, round(np.sqrt(num_blocks * max(aspect, 0.2))))))
 
 
+def describe_block(s: Snapshot, block: int) -> str:
+    """One line about a block in a snapshot: state, ref count, owners, tokens, hash, last use."""
+    owners = [rid for rid, t in s.block_tables.items() if block in t]
+    text = (f"block {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
+    if owners:
+        rid = min(owners)
+        index = int(np.flatnonzero(s.block_tables[rid] == block)[0])
+        first = index * s.block_size
+        text += (" · owners " + " ".join(f"#{r}" for r in sorted(owners))
+                 + f" · tokens {first}–{first + s.block_size - 1} of #{rid}")
+    if s.block_hash[block]:
+        text += f" · hash {int(s.block_hash[block]):016x}"[:22] + "…"
+    if s.last_use[block] >= 0:
+        text += f" · last use s{s.last_use[block]}"
+    return text
+
+
 class PoolView(QWidget):
     block_clicked = Signal(object)  # block id
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.selection.request_changed.connect(self._on_selection)
+        self.selection.blocks_changed.connect(self._on_selection)
         self.plot = pg.PlotWidget(background="w")
         self.plot.setAspectLocked(True)
         self.plot.hideAxis("left")
@@ -67,6 +89,20 @@ class PoolView(QWidget):
                         sw("#000000", "selected", "□")])
 
     # ----------------------------------------------------------------- render
+    def show_frame(self, frame: Frame) -> None:
+        if frame.snapshot is not None:
+            self.set_snapshot(frame.snapshot, frame.evicted)
+            self._on_selection()
+
+    def clear(self) -> None:
+        self.snapshot, self.codes = None, np.zeros(0, dtype=np.uint8)
+        self.image.clear()
+        self.highlight(None)
+        self.hover_label.setText("hover a block for details")
+
+    def _on_selection(self, *_) -> None:
+        self.highlight(self.selection.highlighted(self.snapshot))
+
     def set_snapshot(self, snap: Snapshot, evicted: np.ndarray | None = None) -> None:
         resized = self.snapshot is None or snap.num_blocks != self.snapshot.num_blocks
         self.snapshot, self._evicted = snap, evicted
@@ -130,20 +166,7 @@ class PoolView(QWidget):
         return None
 
     def describe(self, block: int) -> str:
-        s = self.snapshot
-        owners = [rid for rid, t in s.block_tables.items() if block in t]
-        text = (f"block {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
-        if owners:
-            rid = min(owners)
-            index = int(np.flatnonzero(s.block_tables[rid] == block)[0])
-            first = index * s.block_size
-            text += (" · owners " + " ".join(f"#{r}" for r in sorted(owners))
-                     + f" · tokens {first}–{first + s.block_size - 1} of #{rid}")
-        if s.block_hash[block]:
-            text += f" · hash {int(s.block_hash[block]):016x}"[:22] + "…"
-        if s.last_use[block] >= 0:
-            text += f" · last use s{s.last_use[block]}"
-        return text
+        return describe_block(self.snapshot, block)
 
     def _on_mouse_moved(self, pos) -> None:
         block = self.block_at(pos)
@@ -158,3 +181,4 @@ class PoolView(QWidget):
         block = self.block_at(event.scenePos())
         if block is not None:
             self.block_clicked.emit(block)
+            self.selection.select_block(block, self.snapshot)

@@ -16,7 +16,9 @@ from PySide6.QtGui import QFontMetricsF
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.frames import Frame
 from kvscope.app.prefix_tree import TreeNode, find_runs, make_forest, walk
+from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, STATE_NAMES, Snapshot
 
 MAX_LABELS = 40
@@ -45,8 +47,13 @@ def label_text(node: TreeNode) -> str:
 class PrefixTreePanel(QWidget):
     block_clicked = Signal(object)
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.selection.request_changed.connect(self._on_selection)
+        self.selection.blocks_changed.connect(self._on_selection)
+        self.latest: Snapshot | None = None  # the newest snapshot shown (the tree may lag it)
+        self.stale = False  # a snapshot came since the last rebuild began
         self.plot = pg.PlotWidget(background="w")
         self.plot.hideAxis("left")
         self.plot.hideAxis("bottom")
@@ -91,6 +98,34 @@ class PrefixTreePanel(QWidget):
         self.plot.scene().sigMouseClicked.connect(self._on_scene_click)
 
     # ----------------------------------------------------------------- render
+    def show_frame(self, frame: Frame) -> None:
+        """Note the frame's snapshot: the tree is rebuilt by `prepare`/`advance` (the window
+        paces them) or at once by `flush`."""
+        if frame.snapshot is not None:
+            self.latest, self.stale = frame.snapshot, True
+            self._on_selection()
+
+    def flush(self) -> None:
+        """Show the newest snapshot's tree now."""
+        if self.stale and self.latest is not None:
+            self.stale = False
+            self.set_snapshot(self.latest)
+
+    def clear(self) -> None:
+        self.latest, self.stale, self._rebuild = None, False, None
+        self.snapshot, self.forest, self.flat = None, [], []
+        self._xs = self._ys = np.zeros(0)
+        self._candidates, self._node_of_block = [], None
+        self.nodes.clear()
+        self.edges.setData([], [])
+        self.outline.clear()
+        self._highlighted = np.zeros(0, dtype=np.int64)
+        for label in self.labels:
+            label.hide()
+
+    def _on_selection(self, *_) -> None:
+        self.highlight(self.selection.highlighted(self.latest))
+
     def set_snapshot(self, snap: Snapshot) -> None:
         """Build the tree of this snapshot and show it, now."""
         self.prepare(snap)
@@ -275,3 +310,4 @@ class PrefixTreePanel(QWidget):
             node = self.flat[points[0].data()]
             if not node.is_root:
                 self.block_clicked.emit(node.blocks[0])
+                self.selection.select_block(node.blocks[0], self.snapshot)

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
-from kvscope.app.engine_host import RequestRow
+from kvscope.app.frames import Frame, RequestRow
+from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import Snapshot
 
 
@@ -104,8 +105,11 @@ class RequestsPanel(QWidget):
     cancel_requested = Signal(int)
     explain_requested = Signal(int)
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.selection.request_changed.connect(self._on_selected_elsewhere)
+        self.snapshot: Snapshot | None = None
         self.model = RequestsModel()
         self.table = QTableView()
         self.table.setModel(self.model)
@@ -148,6 +152,27 @@ class RequestsPanel(QWidget):
         self.selected: int | None = None
         self._table_shown: tuple | None = None  # what the block table shows
 
+    def show_frame(self, frame: Frame) -> None:
+        if frame.requests is not None:
+            self.set_rows(frame.requests)
+        if frame.snapshot is not None:
+            self.snapshot = frame.snapshot
+            self.show_block_table(self.snapshot, self.selection.request)
+
+    def clear(self) -> None:
+        self.snapshot = None
+        self.set_rows([])
+        self.show_block_table(None, self.selection.request)
+
+    def set_read_only(self, why: str | None) -> None:
+        """Cancelling is off (with `why` as the tooltip) while the source cannot change."""
+        self.cancel_button.setEnabled(why is None)
+        self.cancel_button.setToolTip(why or "Cancel the selected request")
+
+    def _on_selected_elsewhere(self, rid) -> None:
+        self.select(rid)
+        self.show_block_table(self.snapshot, rid)
+
     def set_rows(self, rows: list[RequestRow]) -> None:
         grew = len(rows) != len(self.model.rows)
         self.model.set_rows(rows)
@@ -177,6 +202,7 @@ class RequestsPanel(QWidget):
         rid = self.model.rows[rows[0].row()].request_id if rows else None
         self.selected = rid
         self.request_selected.emit(rid)
+        self.selection.select_request(rid)
 
     def _emit_for_selected(self, signal) -> None:
         if self.selected is not None:

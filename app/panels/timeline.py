@@ -11,7 +11,9 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.frames import Frame
 from kvscope.app.panels.plot_grid import Grid
+from kvscope.app.selection import Selection
 from kvscope.engine.metrics import StepRecord
 
 FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
@@ -68,8 +70,12 @@ def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
 class Timeline(QWidget):
     step_clicked = Signal(int)
 
-    def __init__(self, parent=None):
+    def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
+        self.selection = selection or Selection()
+        self.step_clicked.connect(self.selection.select_step)
+        self.selection.step_changed.connect(self.set_cursor)
+        self.redrew = False  # the last frame redrew the curves (the costly case)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         layout = QVBoxLayout(self)
@@ -144,6 +150,9 @@ class Timeline(QWidget):
         bars = pg.PlotCurveItem(pen=pg.mkPen(color), connect="pairs", antialias=False)
         plot.addItem(bars)
         return bars
+
+    def show_frame(self, frame: Frame) -> None:
+        self.redrew = self.add_records(frame.records)
 
     def clear(self) -> None:
         self.data = {f: np.zeros(0) for f in FIELDS}

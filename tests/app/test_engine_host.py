@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from multiprocessing.connection import Connection
 
-from kvscope.app.engine_host import EngineHost, EngineInfo, Frame, start
+from kvscope.app.engine_host import EngineHost, start
+from kvscope.app.frames import EngineInfo, Frame
 from kvscope.engine.config import EngineConfig, SamplingParams
 
 PROMPTS = [f"Question {i}: what is a list? " * 3 for i in range(4)]
@@ -113,3 +115,31 @@ def test_the_recording_is_finished_when_the_window_process_dies(tmp_path):
     with SessionReader(path) as reader:
         assert reader.meta.complete
         assert reader.num_steps >= PARAMS.max_tokens
+
+
+def test_the_engine_keeps_its_history_and_record_saves_it_without_text(tmp_path):
+    from kvscope.sessions import SessionReader
+
+    conn, host = host_in_thread()
+    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
+    history = receive(conn, "loaded")[-1][1].history_path
+    conn.send(("submit", PROMPTS[0], PARAMS, None))
+    conn.send(("resume",))
+    receive(conn, "idle")
+    path = tmp_path / "saved.kvscope"
+    conn.send(("record", str(path), False))  # after the first request ran
+    receive(conn, "recording")
+    conn.send(("submit", PROMPTS[1], PARAMS, None))
+    conn.send(("resume",))
+    receive(conn, "idle")
+    conn.send(("stop_record",))
+    note = receive(conn, "recording")[-1]
+    assert note[1] is None and note[2].startswith("recorded ")
+    with SessionReader(history) as live, SessionReader(path) as saved:
+        assert saved.meta.complete and not saved.meta.record_text
+        assert saved.first_step == 0 and saved.last_step == live.last_step  # the whole history
+        assert [r.prompt_text for r in saved.requests()] == [None, None]
+        assert saved.snapshot_at(saved.last_step).equals(live.snapshot_at(live.last_step))
+    conn.send(("close",))
+    host.join(10)
+    assert not host.is_alive() and not os.path.exists(history)  # removed when it closes

@@ -20,7 +20,7 @@ GREEDY = SamplingParams(max_tokens=24)
 
 def submit_shared(window, qtbot, n=3):
     for i in range(n):
-        window.submit_requested.emit(SYSTEM + f"Question {i}: what is a tuple?", GREEDY, None)
+        window.worker.submit(SYSTEM + f"Question {i}: what is a tuple?", GREEDY, None)
     step(window, qtbot, 2)
 
 
@@ -61,13 +61,13 @@ def test_selecting_a_request_highlights_exactly_its_blocks(window, qtbot):
 
 
 def test_a_cancelled_request_gives_its_blocks_back(window, qtbot):
-    window.submit_requested.emit(SYSTEM + "Tell me about lists.", SamplingParams(max_tokens=200),
+    window.worker.submit(SYSTEM + "Tell me about lists.", SamplingParams(max_tokens=200),
                                  None)
     step(window, qtbot, 3)
     rid = 0
     blocks = window.snapshot.block_tables[rid].tolist()
     assert blocks
-    window.cancel_requested.emit(rid)
+    window.worker.cancel(rid)
     qtbot.waitUntil(lambda: any(r.request_id == rid and r.state == "finished: cancelled"
                                 for r in window.requests.model.rows), timeout=5000)
     step(window, qtbot)  # the cancellation is reported and drawn

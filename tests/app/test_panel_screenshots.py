@@ -6,7 +6,7 @@ import pytest
 from image_compare import assert_matches_reference, to_array
 from PySide6.QtGui import QImage
 
-from kvscope.app.engine_host import RequestRow
+from kvscope.app.frames import RequestRow
 from kvscope.app.panels.events_panel import EventsPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.requests_panel import RequestsPanel

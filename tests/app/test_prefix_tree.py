@@ -309,7 +309,7 @@ def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_la
                                                                                    tmp_path):
     from PySide6.QtCore import QSettings
 
-    from kvscope.app.engine_host import Frame
+    from kvscope.app.frames import Frame
     from kvscope.app.main_window import MainWindow
 
     window = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
@@ -318,11 +318,11 @@ def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_la
     window.resize(1400, 900)
     window.show()
     mgr = two_diverging_requests()
-    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # starts a rebuild: its first slice
+    window.show_frame(Frame(snapshot=mgr.snapshot()))  # starts a rebuild: its first slice
     assert window.tree.pending and not window.tree.flat
     mgr.admit(3, SHARED_PREFIX + list(range(4000, 4100)))
-    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the second slice
-    window._draw_frame(Frame(snapshot=mgr.snapshot()))  # the last: the first snapshot's tree
+    window.show_frame(Frame(snapshot=mgr.snapshot()))  # the second slice
+    window.show_frame(Frame(snapshot=mgr.snapshot()))  # the last: the first snapshot's tree
     assert not window.tree.pending and window.tree.snapshot is not window.snapshot
     window._tree_due = 0.0  # 1 / TREE_HZ later, no frame comes: the tree catches up
     for _ in range(3):

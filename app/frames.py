@@ -1,0 +1,85 @@
+"""What the window shows: a `Frame`, its request rows, and what the window knows of the engine.
+
+Qt-free (the engine process builds frames). Frame sources (`app/sources.py`) produce frames; every
+panel renders them with `show_frame(frame)`, whatever the source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvscope.engine import events as ev
+from kvscope.engine.explain import MissExplanation
+from kvscope.engine.metrics import StepRecord
+from kvscope.engine.snapshot import Snapshot
+
+
+@dataclass
+class RequestRow:
+    request_id: int
+    state: str  # waiting | prefill | decode | finished: <reason>
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+    cache_salt: str | None
+    parent_id: int | None
+    text: str
+
+
+@dataclass
+class Frame:
+    """One step's view. `records` and `events` are what is new since the previous frame (the
+    timeline and the event log append them); `snapshot` and `requests` are the state at the step
+    shown, None when unchanged (new steps arrived while the user looks at an older one)."""
+
+    snapshot: Snapshot | None = None
+    evicted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    records: list[StepRecord] = field(default_factory=list)
+    events: list[ev.Event] = field(default_factory=list)
+    requests: list[RequestRow] | None = None
+    explanations: dict[int, MissExplanation] = field(default_factory=dict)  # newly admitted
+
+    def merge(self, later: Frame) -> Frame:
+        """This frame followed by a later one, as if the window had taken only the later."""
+        self.records.extend(later.records)
+        self.events.extend(later.events)
+        self.explanations.update(later.explanations)
+        if later.snapshot is not None:
+            self.snapshot, self.evicted = later.snapshot, later.evicted
+        if later.requests is not None:
+            self.requests = later.requests
+        return self
+
+
+def evicted_at(events: list[ev.Event], step: int) -> np.ndarray:
+    """The blocks evicted by `step`: drawn as "evicted this step" in the pool."""
+    return np.asarray([b for e in events if e.kind == ev.EVICTED and e.step == step
+                       for b in e.blocks], dtype=np.int64)
+
+
+@dataclass
+class EngineInfo:
+    """What the window knows about the engine in the other process."""
+
+    model_name: str
+    model_config: dict  # the model's config.json
+    device: str  # "cpu", "cuda", ...
+    cache_dtype: str  # what the KV cache really stores, e.g. "bfloat16"
+    kv_bytes_per_token: int  # measured from the cache tensor
+    num_blocks: int
+    block_size: int
+    history_path: str | None = None  # the session the engine always records (no text)
+    num_steps: int = 0  # steps run so far, as of the latest frame
+    explanations: dict[int, MissExplanation] = field(default_factory=dict)
+
+    def explain_miss(self, request_id: int) -> MissExplanation:
+        """Why a request's prompt did not fully hit (KeyError: not admitted yet)."""
+        return self.explanations[request_id]
+
+    def update(self, frame: Frame) -> None:
+        if frame.records:
+            self.num_steps = frame.records[-1].step + 1
+        self.explanations.update(frame.explanations)
