@@ -57,7 +57,7 @@ def _positive(text: str) -> int:
 def cmd_lab(args: argparse.Namespace) -> int:
     try:
         return _lab(args)
-    except TraceError as e:
+    except (TraceError, OSError) as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -69,6 +69,8 @@ def _lab(args: argparse.Namespace) -> int:
     if args.format == "session" or (args.format is None and _is_sqlite(args.trace)):
         raise TraceError(f"{args.trace}: a kvscope session does not record each request's "
                          "block-hash chain yet, so the lab cannot replay it")
+    if args.tpot_ms < 0:
+        raise TraceError(f"--tpot-ms must be >= 0, got {args.tpot_ms:g}")
     if args.residency and args.mode != "sequential":
         raise TraceError("--residency needs --mode sequential (time is counted in requests)")
     for out in (args.csv, args.png):
@@ -121,7 +123,8 @@ def _print_row(r: report.Row) -> None:
 
 def _print_residency(probe: Residency, stream, args, pool_blocks, curve, ceiling) -> None:
     gaps = reuse_gaps(stream)
-    print(f"residency ({args.policy[0]}, {pool_blocks:,} blocks; in requests):")
+    policy = next((p for p in args.policy if p != "belady"), None)
+    print(f"residency ({policy}, {pool_blocks:,} blocks; in requests):")
     for name in ("lifetime", "idle_before_evict"):
         p50, p90 = probe.percentile(name, 50), probe.percentile(name, 90)
         if p50 is not None:
