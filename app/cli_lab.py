@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvscope.engine.lab import report
-from kvscope.engine.lab.residency import Residency, sizing_advice
+from kvscope.engine.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
 from kvscope.engine.lab.traces import FORMATS, TraceError, load_trace
 from kvscope.engine.lab.whatif import MODES
 
@@ -57,7 +57,7 @@ def _positive(text: str) -> int:
 def cmd_lab(args: argparse.Namespace) -> int:
     try:
         return _lab(args)
-    except TraceError as e:
+    except (TraceError, OSError) as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -69,6 +69,8 @@ def _lab(args: argparse.Namespace) -> int:
     if args.format == "session" or (args.format is None and _is_sqlite(args.trace)):
         raise TraceError(f"{args.trace}: a kvscope session does not record each request's "
                          "block-hash chain yet, so the lab cannot replay it")
+    if args.tpot_ms < 0:
+        raise TraceError(f"--tpot-ms must be >= 0, got {args.tpot_ms:g}")
     if args.residency and args.mode != "sequential":
         raise TraceError("--residency needs --mode sequential (time is counted in requests)")
     for out in (args.csv, args.png):
@@ -95,7 +97,7 @@ def _lab(args: argparse.Namespace) -> int:
         print(f"wrote {args.csv}")
     curve = report.lru_curve(stream, sizes) if args.png or probe else None
     if probe is not None:
-        _print_residency(probe, args, sizes[0], curve, rows[-1].token_hit_ratio)
+        _print_residency(probe, stream, args, sizes[0], curve, rows[-1].token_hit_ratio)
     if args.png:
         from kvscope.app.lab_plot import write_curves_png  # Qt: only when a PNG is asked for
 
@@ -119,23 +121,28 @@ def _print_row(r: report.Row) -> None:
           flush=True)
 
 
-def _print_residency(probe: Residency, args, pool_blocks, curve, ceiling) -> None:
-    print(f"residency ({args.policy[0]}, {pool_blocks:,} blocks; in requests):")
-    for name in ("lifetime", "idle_before_evict", "reuse_gap"):
+def _print_residency(probe: Residency, stream, args, pool_blocks, curve, ceiling) -> None:
+    gaps = reuse_gaps(stream)
+    policy = next((p for p in args.policy if p != "belady"), None)
+    print(f"residency ({policy}, {pool_blocks:,} blocks; in requests):")
+    for name in ("lifetime", "idle_before_evict"):
         p50, p90 = probe.percentile(name, 50), probe.percentile(name, 90)
         if p50 is not None:
             print(f"  {name:<18} p50 {p50:>9,.0f}  p90 {p90:>9,.0f}  "
-                  f"({len(getattr(probe, name)):,} blocks)")
+                  f"({len(getattr(probe, name)):,} blocks evicted)")
+    if gaps.blocks.sum():
+        print(f"  {'reuse_gap':<18} p50 {gaps.percentile(50):>9,.0f}  p90 "
+              f"{gaps.percentile(90):>9,.0f}  ({int(gaps.blocks.sum()):,} re-references, "
+              "from the trace)")
     if probe.dead:
         peak = max(probe.dead, key=lambda d: d[1])
         print(f"  dead cache: peak {peak[1]:,} blocks at request {peak[0]:,}; "
               f"at the end {probe.dead[-1][1]:,}")
-    print("  " + sizing_advice(probe, pool_blocks, curve, ceiling))
+    print("  " + sizing_advice(probe, gaps, pool_blocks, curve, ceiling))
     if args.csv:
         out = args.csv.with_name(args.csv.stem + "-residency.csv")
         with open(out, "w", encoding="utf-8") as f:
             f.write("measure,low,high,blocks\n")
-            f.writelines(f"{m},{lo},{hi},{n}\n" for m, lo, hi, n in probe.histograms())
+            f.writelines(f"{m},{lo},{hi},{n}\n" for m, lo, hi, n in histograms(probe, gaps))
             f.writelines(f"dead_blocks,{i},{i},{n}\n" for i, n in probe.dead)
         print(f"wrote {out}")
-

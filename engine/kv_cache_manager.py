@@ -79,7 +79,8 @@ class KVCacheManager:
         if block_hashes is None:
             root, hashes = self._chain(keys, token_ids)
         else:
-            root, hashes = self._recent_keys.get(keys) or root_hash(keys), list(block_hashes)
+            root = self._recent_keys.get(keys) or root_hash(keys)
+            hashes = list(block_hashes) if self.enable_prefix_caching else []
         hit = self._lookup((root, hashes), len(token_ids))
         num_cached = len(hit) * self.block_size
         if num_new_tokens is None:

@@ -211,3 +211,20 @@ def test_a_session_file_is_refused_clearly(tmp_path, capsys):
     sqlite3.connect(path).execute("create table t (x)").connection.close()
     assert cli.main(["lab", str(path)]) == 2
     assert "does not record each request's block-hash chain" in capsys.readouterr().err
+
+
+def test_residency_lifetime_idle_and_reuse_gap_on_a_hand_made_trace(tmp_path):
+    """4 blocks, lru. r0: A (2 full blocks + 1 token); r1: B (3 blocks) evicts A's tail;
+    r2: A again hits A's head and evicts B's tail and middle; r3: C (4 blocks) evicts B's head
+    (stored r1), A's new tail (stored r2) and A's head (stored r0, last hit r2)."""
+    from kvscope.engine.lab.residency import reuse_gaps
+
+    trace = load_trace(write_bailian(tmp_path / "t.jsonl", [
+        ([1, 2, 3], 33), ([4, 5, 6], 48), ([1, 2, 3], 33), ([7, 8, 9, 10], 64)]))
+    probe = Residency()
+    r = whatif.replay(trace, 4, BS, "lru", on_request=probe)
+    assert r.hit_tokens == BS
+    assert sorted(probe.lifetime) == [1, 1, 1, 1, 2, 3]
+    assert sorted(probe.idle_before_evict) == [1, 1, 1, 1, 1, 2]
+    gaps = reuse_gaps(ceilings.segment_stream(trace, BS))
+    assert gaps.gaps.tolist() == [2, 2] and gaps.percentile(90) == 2
