@@ -40,7 +40,8 @@ HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last 
 
 class RequestTable:
     """The requests table, kept from the step stream alone: one row per request in arrival
-    order; finished rows beyond `history` are dropped, oldest first."""
+    order, each in the state it is in after the step (prefill: prompt tokens still to compute;
+    decode: it has sampled); finished rows beyond `history` are dropped, oldest first."""
 
     def __init__(self, history: int = 1024):
         self.rows: dict[int, RequestRow] = {}
@@ -61,8 +62,6 @@ class RequestTable:
                 continue
             if e.kind in (ev.ADMITTED, ev.PREFILL):
                 row.state = "prefill"
-            elif e.kind == ev.DECODE:
-                row.state = "decode"
             elif e.kind == ev.PREEMPTED:
                 row.state = "waiting"
         for o in update.outputs:
@@ -88,6 +87,8 @@ class RequestTable:
         if o.finished and not row.state.startswith("finished"):
             row.state = f"finished: {o.finish_reason}"
             self._finished.append(o.request_id)
+        elif not o.finished and o.token_ids and row.state == "prefill":
+            row.state = "decode"  # it has sampled: every known token but the last is computed
 
 
 def cpu_cores() -> int:

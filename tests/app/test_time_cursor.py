@@ -34,19 +34,21 @@ AGAIN = 9  # the request id of the last prompt
 def session(tmp_path_factory):
     """A real demo-model session under eviction pressure; the live table's states and the live
     explanations, step by step, as the window showed them."""
-    from kvscope.app.engine_host import request_rows
+    from kvscope.app.engine_host import RequestTable
     from kvscope.engine import Engine
     from kvscope.sessions import Recorder
 
     path = tmp_path_factory.mktemp("cursor") / "evict.kvscope"
     engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=24, block_size=16))
+    table = RequestTable()  # the engine process's requests table, fed by the step stream
+    engine.subscribe(table.apply)
     states = {}
     with Recorder(path, engine):
         while engine.has_unfinished() or engine.num_steps <= max(PLAN):
             for prompt in PLAN.get(engine.num_steps, []):
                 engine.add_request(prompt, PARAMS)
             engine.step()
-            states[engine.num_steps - 1] = {r.request_id: r.state for r in request_rows(engine)}
+            states[engine.num_steps - 1] = {r: row.state for r, row in table.rows.items()}
     why = engine.explain_miss(AGAIN)
     assert why.reason == "evicted"
     return path, states, why

@@ -225,3 +225,43 @@ def test_a_prompt_longer_than_the_sliding_window_is_rejected_at_add_request(tiny
     while engine.has_unfinished():
         engine.step()
     assert engine.requests[ok].finish_reason == "length"
+
+
+def test_a_long_lived_engine_forgets_old_finished_requests(tiny_llama, monkeypatch):
+    """Memory stays bounded: finished requests beyond the history retire with their generator
+    and explanation; the step stream (and so a recording) still saw every one."""
+    from kvscope.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "FINISHED_HISTORY", 20)
+    engine = make(tiny_llama)
+    tap = StepQueue()
+    engine.subscribe(tap)
+    params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.7, seed=1)
+    outs = engine.generate([prompt(6, seed=300 + i) for i in range(150)], params)
+    assert len(outs) == 150 and all(o.finish_reason == "length" for o in outs)
+    assert len(engine.requests) <= 20
+    assert len(engine._generators) == 0 and len(engine.manager.explanations) <= 20
+    finished = {o.request_id for u in tap.drain() for o in u.outputs if o.finished}
+    assert finished == {o.request_id for o in outs}
+    assert engine.cancel(outs[0].request_id) is False  # retired: finished long ago
+    with pytest.raises(KeyError):
+        engine.cancel(10_000)
+
+
+def test_the_same_step_hit_on_the_demo_model_equals_transformers():
+    from transformers import AutoModelForCausalLM
+
+    cfg = EngineConfig(block_size=16, num_blocks=64)
+    engine = Engine.from_pretrained(str(DEMO), cfg)
+    ids = engine.tokenizer.encode("A dict maps keys to values; a set holds unique items, and "
+                                  "the list keeps them in order so that")
+    a_prompt = (ids * 3)[:31]
+    b_prompt, warm, _ = same_step_hit(engine, a_prompt, ids[:4])
+    assert warm.num_cached_tokens == 32
+    hf = AutoModelForCausalLM.from_pretrained(str(DEMO), dtype=torch.float32).eval()
+    x = torch.tensor([b_prompt])
+    with torch.no_grad():  # an explicit mask: the prompt repeats token 0, the pad id of some
+        want = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12,
+                           min_new_tokens=12, do_sample=False,
+                           pad_token_id=engine.tokenizer.pad_token_id)[0, len(b_prompt):].tolist()
+    assert warm.token_ids == want
