@@ -10,10 +10,9 @@
 3. Runs the same fixed workload with recording off and on, --runs rounds, and prints the
    engine's throughput with recording on as a ratio of off (time of the stepping loop; starting
    and closing the recorder are one-off costs of a few ms, outside the loop). Two baselines:
-   "off" is the engine with no observer, "drained" has one subscriber that drops each step's
-   update. The second is the fair one: with no subscriber the engine keeps every event in its
-   EventLog forever, and the garbage collector's full collections over that growing heap slow
-   "off" down. Each round runs the three back to back in a shuffled order; the ratios are the
+   "off" is the engine with no observer, "drained" has one subscriber (a StepQueue drained each
+   step), the fairer one: it pays for building each step's StepUpdate as the recorder does. Each
+   round runs the three back to back in a shuffled order; the ratios are the
    median over rounds and best-of-N (the minimum time of each: other processes only ever add
    time). Configurations: the tiny model (its steps are the cheapest, so the recorder's share is
    the largest: the worst case) on a 4,096- and a 16,384-block pool, and the demo model (a real
