@@ -315,8 +315,11 @@ class Recorder:
 
     # --------------------------------------------------- engine thread: capture
     def _capture(self, u) -> None:
-        new = self._pending_requests + [self._request_info(r) for r in u.new_requests]
-        self._pending_requests = []
+        # Requests queued before start() that no step has run yet arrive here again: once only.
+        pending, self._pending_requests = self._pending_requests, []
+        queued = {i.request_id for i in pending}
+        new = pending + [self._request_info(r) for r in u.new_requests
+                         if r.request_id not in queued]
         live = self._live
         for info in new:
             live[info.request_id] = ["waiting" if info.parent_id is None else "running", None]

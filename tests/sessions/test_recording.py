@@ -304,3 +304,16 @@ def test_packed_events_round_trip_odd_cases():
         got = [Event(k, st, rid, b, t, h, d) for k, st, rid, b, h, t, d in
                schema.unpack_events(row)]
         assert got == batch
+
+
+def test_requests_queued_before_the_recording_starts_are_recorded_once(tmp_path, tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    ids = [engine.add_request(prompt(6, i), SamplingParams(max_tokens=3)) for i in range(3)]
+    with Recorder(tmp_path / "late.kvscope", engine) as rec:  # before their first step
+        while engine.has_unfinished():
+            engine.step()
+    assert rec.status().error is None
+    with SessionReader(tmp_path / "late.kvscope") as s:
+        rows = s.requests()
+    assert [r.request_id for r in rows] == ids
+    assert all(r.status == "finished" and r.output_tokens == 3 for r in rows)
