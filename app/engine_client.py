@@ -40,17 +40,20 @@ class _Process:
         self.reader.start()
 
     def _read(self, deliver) -> None:
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
+        try:
+            while True:
                 try:
-                    code = self.proc.wait(CLOSE_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    code = None
-                deliver(self, ("exited", _describe_exit(code)))
-                return
-            deliver(self, msg)
+                    msg = self.conn.recv()
+                except (EOFError, OSError):
+                    try:
+                        code = self.proc.wait(CLOSE_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    deliver(self, ("exited", _describe_exit(code)))
+                    return
+                deliver(self, msg)
+        except RuntimeError:  # "Signal source has been deleted": the window closed first
+            return
 
     def send(self, *msg) -> bool:
         try:
