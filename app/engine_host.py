@@ -16,7 +16,6 @@ If the window's process dies the socket closes: the host finishes any recording 
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -254,7 +253,7 @@ class EngineHost:
         loaded, runner = engine.loaded, engine.runner
         self._send("loaded", EngineInfo(
             model_name=loaded.name,
-            model_config=json.loads((loaded.path / "config.json").read_text()),
+            model_config=loaded.hf_config,
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.manager.block_size))
