@@ -134,3 +134,12 @@ def test_tiny_gguf_llama_matches_transformers_loading_the_same_file(tmp_path):
         assert (ours[0] - ref).abs().max().item() <= LOGIT_ATOL, f"step {step}"
     q = loaded.model.state_dict()["model.layers.0.self_attn.q_proj.weight"]
     assert (q - hf_src.state_dict()["model.layers.0.self_attn.q_proj.weight"]).abs().max() < 0.01
+
+
+def test_cli_reports_a_bad_gguf_file_in_one_line_and_exits_2(tmp_path, capsys):
+    from kvscope.app import cli
+
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF but not really")
+    assert cli.main(["generate", "--model", str(tmp_path / "junk.gguf"), "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot read junk.gguf as GGUF" in err and "\n" not in err
