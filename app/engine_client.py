@@ -83,6 +83,7 @@ class EngineClient(QObject):
     engine_error = Signal(str, str)  # message, detail (the engine is paused, the app runs on)
     engine_exited = Signal(str)  # the engine process died: what happened
     rejected = Signal(str)  # a request that could not be queued
+    submitted = Signal(int)  # the id of a request the window submitted
     running_changed = Signal(bool)
     recording_changed = Signal(object, str)  # path or None, a one-line status
     idle = Signal()  # nothing left to do
@@ -214,6 +215,8 @@ class EngineClient(QObject):
             self.engine_error.emit(*args)
         elif kind == "rejected":
             self.rejected.emit(*args)
+        elif kind == "submitted":
+            self.submitted.emit(*args)
         elif kind == "idle":
             self.idle.emit()
         elif kind == "exited":

@@ -7,7 +7,8 @@ interpreter lock with drawing, so the window can take its time painting without 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
 cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), close.
 Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
-rejected (a submit that could not be queued), running, recording, idle, frame.
+rejected (a submit that could not be queued), submitted (its request id), running, recording,
+idle, frame.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -260,11 +261,16 @@ class EngineHost:
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
+        from kvscope.engine.chat import chat_prompt_ids, is_messages
+
         try:
-            self.engine.add_request(prompt, params, cache_salt)
+            if is_messages(prompt):  # the window has no tokenizer: templating happens here
+                prompt = chat_prompt_ids(self.engine.tokenizer, prompt)
+            rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
             self._send("rejected", _one_line(e))
             return
+        self._send("submitted", rid)
         self._publish(force=True)
 
     def _run_workload(self, workload) -> None:

@@ -213,6 +213,8 @@ class MainWindow(QMainWindow):
         self.worker.running_changed.connect(self._on_running_changed)
         self.worker.engine_exited.connect(self._on_engine_exited)
         self.worker.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
+        self.worker.rejected.connect(self.composer.on_rejected)
+        self.worker.submitted.connect(self.composer.on_submitted)
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(self.cancel_requested)
         self.requests.explain_requested.connect(self.explain)
@@ -544,6 +546,7 @@ class MainWindow(QMainWindow):
         self.snapshot = frame.snapshot
         self.pool.set_snapshot(frame.snapshot, frame.evicted)
         self.requests.set_rows(frame.requests)
+        self.composer.show_requests(frame.requests)
         self._tree_stale = True
         if not self.timeline.add_records(frame.records):  # the two costly panels take turns
             self._update_tree()
