@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvscope.engine.loader import LoadedModel, ModelLoadError, _names, resolve_dtype
+from kvscope.engine.loader import (
+    LoadedModel,
+    ModelLoadError,
+    _names,
+    meta_model,
+    resolve_dtype,
+)
 from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
 
 SMOLLM2 = "smollm2"
@@ -81,7 +87,7 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": meta("attention.head_count_kv", heads),
         "head_dim": meta("attention.key_length") or meta("rope.dimension_count")
-                    or hidden // heads,
+                    or (hidden // heads if hidden and heads else None),
         "rms_norm_eps": meta("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": meta("rope.freq_base", 10000.0),
         "max_position_embeddings": meta("context_length", 2048),
@@ -190,11 +196,7 @@ def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
         raise ModelLoadError(f"{path.name}: {e}") from None
     device = torch.device(device)
     dtype = resolve_dtype(dtype, config, device)
-    with torch.device("meta"):
-        model = model_cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
+    model, expected = meta_model(model_cls, config)
     state = gguf_state_dict(reader, config, expected, arch_name, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()

@@ -202,6 +202,17 @@ def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied
         raise ModelLoadError("weights do not match config.json: " + "; ".join(problems))
 
 
+def meta_model(model_cls: type[nn.Module], config: ModelConfig
+               ) -> tuple[nn.Module, dict[str, tuple[int, ...]]]:
+    """The model with no weights yet (meta device) and the tensor shapes it expects."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    return model, expected
+
+
 def _load_tokenizer(path: Path):
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
@@ -246,11 +257,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     device = torch.device(device)
     dtype = resolve_dtype(dtype, config, device)
 
-    with torch.device("meta"):
-        model = model_cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
+    model, expected = meta_model(model_cls, config)
     _check_weights(files, expected, config.tie_word_embeddings)
 
     state: dict[str, torch.Tensor] = {}

@@ -39,16 +39,19 @@ def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_llama_gguf(path, cfg: dict, hf_tensors: dict[str, np.ndarray], qtype: Q,
-                     seed: int = 0, tokenizer: dict | None = None) -> dict[str, np.ndarray]:
-    """Write a llama GGUF file; return each tensor's raw data by GGUF name (as written).
+                     seed: int = 0, arch: str = "llama") -> dict[str, np.ndarray]:
+    """Write a Llama-family GGUF file; return each tensor's raw data by GGUF name (as written).
 
     ``cfg`` holds HF config fields; ``hf_tensors`` HF-named float32 arrays. Vectors stay F32
-    (as llama.cpp stores norms); matrices are stored as ``qtype``.
+    (as llama.cpp stores norms); matrices are stored as ``qtype``. ``arch``: llama, qwen2, qwen3
+    (only llama's q/k rows are permuted, as the converter does).
     """
     rng = np.random.default_rng(seed)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    writer = gguf.GGUFWriter(str(path), "llama")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    name_map = gguf.get_tensor_name_map(model_arch, cfg["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny test llama")
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg.get("max_position_embeddings", 512))
@@ -58,17 +61,17 @@ def write_llama_gguf(path, cfg: dict, hf_tensors: dict[str, np.ndarray], qtype: 
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    writer.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
-    for key, value in (tokenizer or {}).items():
-        writer.add_key_value(key, value[0], value[1])
     written = {}
     for hf_name, w in hf_tensors.items():
         base, suffix = hf_name.rsplit(".", 1)
         name = f"{name_map.get_name(base)}.{suffix}"
-        if base.endswith("q_proj"):
+        if arch == "llama" and base.endswith("q_proj"):
             w = llama_cpp_permute(w, heads)
-        elif base.endswith("k_proj"):
+        elif arch == "llama" and base.endswith("k_proj"):
             w = llama_cpp_permute(w, kv_heads)
         raw = encode(w, qtype, rng) if w.ndim == 2 else w.astype(np.float32)
         tensor_type = qtype if w.ndim == 2 else Q.F32

@@ -11,8 +11,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf_testutil import llama_cpp_permute, write_llama_gguf
 from model_testutil import (
     LOGIT_ATOL,
+    MODEL_SPECS,
     BlockAllocator,
     PagedSeq,
+    build_tiny_model,
     greedy_decode,
     hf_greedy,
     random_prompt,
@@ -70,6 +72,23 @@ def test_f32_file_gives_back_the_hf_tensors(tmp_path):
     tensors = random_llama_tensors(CFG, seed=3)
     write_llama_gguf(tmp_path / "f32.gguf", CFG, tensors, Q.F32)
     state = load_model(tmp_path / "f32.gguf").model.state_dict()
+    for name, w in tensors.items():
+        np.testing.assert_array_equal(state[name].numpy(), w, err_msg=name)
+
+
+@pytest.mark.parametrize("spec,arch", [("qwen2_gqa_tied", "qwen2"), ("qwen3_headdim", "qwen3")])
+def test_qwen_files_load_unpermuted_with_biases_and_qk_norms(spec, arch, tmp_path):
+    hf = build_tiny_model(spec, tmp_path / "hf")
+    cfg = {**hf.config.to_dict(), **MODEL_SPECS[spec][1]}
+    tensors = {k: v.numpy() for k, v in hf.state_dict().items()
+               if not (k == "lm_head.weight" and cfg["tie_word_embeddings"])}
+    write_llama_gguf(tmp_path / "q.gguf", cfg, tensors, Q.F32, arch=arch)
+    loaded, ref = load_model(tmp_path / "q.gguf"), load_model(tmp_path / "hf")
+    fields = ("architecture", "num_heads", "num_kv_heads", "head_dim", "qkv_bias", "qk_norm",
+              "tie_word_embeddings", "hidden_size", "intermediate_size", "rope_theta")
+    assert [getattr(loaded.config, f) for f in fields] == [getattr(ref.config, f) for f in fields]
+    state = loaded.model.state_dict()
+    assert set(tensors) <= set(state)
     for name, w in tensors.items():
         np.testing.assert_array_equal(state[name].numpy(), w, err_msg=name)
 
