@@ -55,7 +55,7 @@ def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
     """First ``length`` positions of one sequence, float32 ``[length, kv_heads, head_dim]``."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
-    blocks = cache[block_table[:num_blocks].long()]
+    blocks = cache.index_select(0, block_table[:num_blocks].long())
     return dequantize(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], scale)
 
 
@@ -112,8 +112,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     num_blocks = (max_ctx + block_size - 1) // block_size
     table = block_tables[:, :num_blocks].long()
 
-    def gather(cache, s):
-        return dequantize(cache[table].view(batch, -1, num_kv_heads, head_dim), s).transpose(1, 2)
+    def gather(cache, s):  # index_select: several times faster than cache[table] on the CPU
+        blocks = cache.index_select(0, table.reshape(-1))
+        return dequantize(blocks.view(batch, -1, num_kv_heads, head_dim), s).transpose(1, 2)
 
     k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
     mask = torch.arange(k.shape[2], device=q.device) < context_lens.to(q.device).long()[:, None]
