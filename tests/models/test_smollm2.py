@@ -55,7 +55,7 @@ def test_prompts_cover_a_chat_turn_and_a_long_context(smollm2):
     assert 280 <= len(prompts[-1]) <= 340
 
 
-@pytest.mark.slow  # about 90 s on 2 shared cores, most of it transformers reading the GGUF file
+@pytest.mark.slow  # 30-90 s on 2 shared cores, most of it transformers reading the GGUF file
 def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2):
     engine, hf, prompts = smollm2
     with torch.no_grad():
