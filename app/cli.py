@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     gui = sub.add_parser("gui", help="open the desktop application (the default)",
                          description="Open the kvscope window with a model loaded.")
     gui.add_argument("--model", default=DEFAULT_MODEL,
-                     help="demo, a local model folder, or a repo id in the local HF cache")
+                     help="demo, smollm2, a local model folder, a .gguf file, or a repo id in the "
+                     "local HF cache")
     gui.set_defaults(func=cmd_gui)
 
     run = sub.add_parser("run", help="run a workload headless and print a summary",
@@ -153,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", default=DEFAULT_MODEL,
-                   help="'demo', a local Hugging Face model folder, or a repo id already in the "
-                   "local Hugging Face cache (default: demo)")
+                   help="'demo', 'smollm2' (SmolLM2-135M-Instruct), a local Hugging Face model "
+                   "folder, a .gguf file, or a repo id already in the local Hugging Face cache "
+                   "(default: demo)")
     g.add_argument("--num-blocks", type=_positive_int, default=None,
                    help=f"KV pool size in blocks (default: {DEFAULT_CPU_BLOCKS} on the CPU, as "
                    "in the window; a share of free memory on CUDA)")

@@ -98,6 +98,7 @@ class EngineClient(QObject):
     request_failed = Signal(str, str)  # message, detail (the engine serves the others on)
     engine_exited = Signal(str)  # the engine process died: what happened
     rejected = Signal(str)  # a request that could not be queued
+    submitted = Signal(int)  # the id of a request the window submitted
     running_changed = Signal(bool)
     recording_changed = Signal(object, str)  # path or None, a one-line status
     idle = Signal()  # nothing left to do
@@ -253,6 +254,8 @@ class EngineClient(QObject):
             self.request_failed.emit(*args)
         elif kind == "rejected":
             self.rejected.emit(*args)
+        elif kind == "submitted":
+            self.submitted.emit(*args)
         elif kind == "idle":
             self.idle.emit()
         elif kind == "exited":

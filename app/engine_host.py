@@ -8,7 +8,8 @@ Commands in (tuples, the first item names them): load, submit, workload, resume,
 cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), ping,
 close. Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
 request_failed (one request's forward pass or sampling raised; the others run on), rejected
-(a submit that could not be queued), running, recording, idle, frame, pong.
+(a submit that could not be queued), submitted (its request id), running, recording, idle,
+frame, pong.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -17,7 +18,6 @@ If the window's process dies the socket closes: the host finishes any recording 
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -260,7 +260,7 @@ class EngineHost:
         loaded, runner = engine.loaded, engine.runner
         self._send("loaded", EngineInfo(
             model_name=loaded.name,
-            model_config=json.loads((loaded.path / "config.json").read_text()),
+            model_config=loaded.hf_config,
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.config.block_size,
@@ -268,12 +268,17 @@ class EngineHost:
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
+        from kvscope.engine.chat import chat_prompt_ids, is_messages
+
         try:
+            if is_messages(prompt):  # the window has no tokenizer: templating happens here
+                prompt = chat_prompt_ids(self.engine.tokenizer, prompt)
             rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
             self._send("rejected", _one_line(e))
             return
         self.table.set_output(self.engine.request_output(rid))
+        self._send("submitted", rid)
         self._publish(force=True)
 
     def _run_workload(self, workload) -> None:

@@ -131,12 +131,13 @@ class MainWindow(QMainWindow):
         self.model_box = QComboBox()
         self.model_box.setEditable(True)
         self.model_box.addItem("demo")
-        self.model_box.setToolTip("demo, a local model folder, or a repo id in the local "
-                                  "Hugging Face cache; Enter loads it")
+        self.model_box.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
+        self.model_box.setToolTip("demo, SmolLM2, a local model folder, a .gguf file, or a repo "
+                                  "id in the local Hugging Face cache; Enter loads it")
         self.model_box.lineEdit().returnPressed.connect(self.reload)
         tb.addWidget(QLabel(" Model "))
         tb.addWidget(self.model_box)
-        self.act_open_model = self._action("Open model folder…", "Ctrl+L", self.open_model_folder)
+        self.act_open_model = self._action("Open model…", "Ctrl+L", self.open_model_folder)
         tb.addAction(self.act_open_model)
         tb.addSeparator()
         self.act_demo = self._action("Run demo ▶", "F5", self.run_or_resume)
@@ -212,6 +213,8 @@ class MainWindow(QMainWindow):
             f"A request failed (the others run on): {message}", detail))
         w.not_responding.connect(self._on_not_responding)
         w.rejected.connect(lambda why: self.banner.show_error(f"Not queued: {why}"))
+        w.rejected.connect(self.composer.on_rejected)
+        w.submitted.connect(self.composer.on_submitted)
         self.composer.submitted.connect(self.submit)
         self.requests.cancel_requested.connect(w.cancel)
         self.requests.explain_requested.connect(self.explain)
@@ -257,10 +260,16 @@ class MainWindow(QMainWindow):
         self.worker.load(name, self.engine_config())
 
     def reload(self) -> None:
-        self.load_model(self.model_box.currentText().strip() or "demo")
+        text = self.model_box.currentText().strip() or "demo"
+        self.load_model(self.model_box.itemData(self.model_box.findText(text)) or text)
 
     def open_model_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Open a Hugging Face model folder")
+        """A GGUF file, or a Hugging Face folder by its config.json."""
+        folder, _ = QFileDialog.getOpenFileName(
+            self, "Open a model: a GGUF file or a Hugging Face folder's config.json", "",
+            "Models (*.gguf config.json)")
+        if Path(folder).name == "config.json":
+            folder = str(Path(folder).parent)
         if folder:
             self.model_box.setEditText(folder)
             self.load_model(folder)
@@ -596,6 +605,8 @@ class MainWindow(QMainWindow):
             self.snapshot = frame.snapshot
         for panel in self.panels:
             panel.show_frame(frame)
+        if frame.requests is not None:
+            self.composer.show_requests(frame.requests)  # a chat turn's answer
         if not self.timeline.redrew:  # the two costly panels take turns
             self._update_tree()
         self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,

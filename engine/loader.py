@@ -42,6 +42,7 @@ class LoadedModel:
     name: str
     dtype: torch.dtype
     device: torch.device
+    hf_config: dict[str, Any]  # config.json, or its equivalent built from a GGUF file
 
 
 def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None
@@ -224,6 +225,17 @@ def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied
         raise ModelLoadError("weights do not match config.json: " + "; ".join(problems))
 
 
+def meta_model(model_cls: type[nn.Module], config: ModelConfig
+               ) -> tuple[nn.Module, dict[str, tuple[int, ...]]]:
+    """The model with no weights yet (meta device) and the tensor shapes it expects."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    return model, expected
+
+
 def _load_tokenizer(path: Path):
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
@@ -248,12 +260,17 @@ def _load_tokenizer(path: Path):
 
 def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
                dtype: torch.dtype | str | None = None) -> LoadedModel:
+    from kvscope.engine import gguf_loader  # imports this module
+
+    if gguf_loader.is_gguf(name_or_path):
+        return gguf_loader.load_gguf(name_or_path, device, dtype)
     path = resolve_model(name_or_path)
     name = os.fspath(name_or_path)
     if name != "demo" and Path(name).expanduser().is_dir():
         name = path.name
     try:
-        config = ModelConfig.from_hf_dict(read_config(path))
+        hf_config = read_config(path)
+        config = ModelConfig.from_hf_dict(hf_config)
         model_cls = get_model_class(config.architecture)
     except UnsupportedModelError as e:
         raise ModelLoadError(f"{e} (in {path / 'config.json'})") from None
@@ -263,11 +280,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     device = torch.device(device)
     dtype = resolve_dtype(dtype, config, device)
 
-    with torch.device("meta"):
-        model = model_cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
+    model, expected = meta_model(model_cls, config)
     _check_weights(files, expected, config.tie_word_embeddings)
 
     state: dict[str, torch.Tensor] = {}
@@ -282,4 +295,4 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
 
     return LoadedModel(model=model, config=config, tokenizer=_load_tokenizer(path),
                        fingerprint=model_fingerprint(path), path=path, name=name, dtype=dtype,
-                       device=device)
+                       device=device, hf_config=hf_config)

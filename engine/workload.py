@@ -32,6 +32,11 @@ Request keys (only ``prompt`` or ``prompt_ids`` is required):
   ``n`` > 1 on the earlier line, the first sample is the history. It cannot be combined with
   ``prefix`` (the history already starts with it), and if the earlier request was rejected or
   cancelled this one is skipped.
+- ``chat`` (true/false, default false): ``prompt`` is a user message of a conversation formatted
+  with the model's chat template (the prefix, if any, is the system message). With ``follows``
+  (of another chat line) the conversation resent is the earlier one, its answer as text, and this
+  message, re-templated and re-encoded as a chat client does; the cache reuses every block whose
+  tokens come out the same. Needs a model with a chat template (``--model smollm2``).
 
 Errors name the file and line: ``WorkloadError("chat.jsonl:7: unknown key 'promt'")``.
 
@@ -51,13 +56,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 
+from kvscope.engine.chat import chat_prompt_ids
 from kvscope.engine.config import SamplingParams, check_text, is_int, is_number, shown
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.snapshot import HitRates
 
 SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 REQUEST_KEYS = ("arrival_s", "prompt", "prompt_ids", "prefix", "cache_salt", "id", "follows",
-                *SAMPLING_KEYS)
+                "chat", *SAMPLING_KEYS)
 PREFIX_KEYS = ("define_prefix", "text")
 NORMAL_FINISHES = ("stop", "eos", "length")
 
@@ -78,6 +84,7 @@ class WorkloadRequest:
     cache_salt: str | None = None
     id: str | None = None
     follows: str | None = None
+    chat: bool = False
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -110,7 +117,7 @@ def parse_workload(lines: str | Iterable[str], source: str = "<workload>") -> Wo
         lines = lines.splitlines()
     prefixes: dict[str, str] = {}
     requests: list[WorkloadRequest] = []
-    ids: set[str] = set()
+    ids: dict[str, bool] = {}  # id -> is a chat line
     for lineno, raw in enumerate(lines, 1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
@@ -135,7 +142,7 @@ def parse_workload(lines: str | Iterable[str], source: str = "<workload>") -> Wo
             continue
         req = _parse_request(obj, lineno, prefixes, ids, fail)
         if req.id is not None:
-            ids.add(req.id)
+            ids[req.id] = req.chat
         requests.append(req)
     if not requests:
         raise WorkloadError(f"{source}: no requests in the workload")
@@ -178,6 +185,7 @@ _CHECKS = {  # request key -> (test, what it must be); sampling keys: SamplingPa
     "cache_salt": (lambda v: v is None or isinstance(v, str), "a string or null"),
     "id": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
     "follows": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
+    "chat": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 
@@ -188,7 +196,7 @@ def _check_texts(obj: dict) -> None:
                 check_text(text, key)
 
 
-def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[str],
+def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: dict[str, bool],
                    fail) -> WorkloadRequest:
     unknown = [k for k in obj if k not in REQUEST_KEYS]
     if unknown:
@@ -228,6 +236,12 @@ def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: set[st
                        "starts with the prefix")
     elif not req.prefix_text and not (req.prompt or req.prompt_ids):
         raise fail("empty prompt")
+    req.chat = obj.get("chat", False)
+    if req.chat and req.prompt is None:
+        raise fail("a chat line's prompt is a message: use 'prompt', not 'prompt_ids'")
+    if req.follows is not None and req.chat != ids[req.follows]:
+        raise fail(f"a {'chat' if req.chat else 'plain'} line cannot follow "
+                   f"{'a plain' if req.chat else 'a chat'} line ({req.follows!r})")
     return req
 
 
@@ -241,6 +255,7 @@ class LineResult:
     submitted_s: float | None = None
     outputs: list[RequestOutput] = field(default_factory=list)  # samples 0..n-1, once finished
     skipped: str | None = None  # why the line was never submitted
+    messages: list[dict] | None = None  # chat lines: the conversation sent
 
     @property
     def done(self) -> bool:
@@ -296,6 +311,10 @@ class WorkloadRunner:
             if beyond:
                 raise WorkloadError(f"{workload.source}:{r.line}: token id {beyond[0]} in "
                                     f"prompt_ids is beyond the model's vocabulary of {vocab}")
+        chat = next((r for r in workload.requests if r.chat), None)
+        if chat is not None and not getattr(engine.tokenizer, "chat_template", None):
+            raise WorkloadError(f"{workload.source}:{chat.line}: a chat line needs a model with "
+                                "a chat template (SmolLM2 has one: --model smollm2)")
 
     @property
     def total(self) -> int:
@@ -391,7 +410,14 @@ class WorkloadRunner:
 
     def _submit(self, line: LineResult, prev: LineResult | None, now: float) -> None:
         req, engine = line.request, self.engine
-        if prev is not None:
+        if req.chat:
+            if prev is not None:
+                history = prev.messages + [{"role": "assistant", "content": prev.outputs[0].text}]
+            else:
+                history = [{"role": "system", "content": req.prefix_text}] * bool(req.prefix_text)
+            line.messages = history + [{"role": "user", "content": req.prompt}]
+            prompt = chat_prompt_ids(engine.tokenizer, line.messages)
+        elif prev is not None:
             first = prev.outputs[0]
             tail = (engine.tokenizer.encode(req.prompt, add_special_tokens=False)
                     if req.prompt is not None else list(req.prompt_ids))

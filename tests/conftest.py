@@ -22,3 +22,15 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model():
+    """SmolLM2-135M-Instruct, loaded once per session (the wheel comes with scripts/setup.sh).
+    Missing, it FAILS the tests that need it, with the pip command: never a silent skip."""
+    from kvscope.engine.loader import ModelLoadError, load_model
+
+    try:
+        return load_model("smollm2")
+    except ModelLoadError as e:
+        pytest.fail(f"SmolLM2 is needed here: {e}")

@@ -1,9 +1,14 @@
-"""Prompt composer: submits a request (text, max tokens, temperature, n, salt) at any time."""
+"""Prompt composer: submits a request (text, max tokens, temperature, n, salt) at any time.
+
+In chat mode it keeps a conversation: each turn sends the messages so far (the earlier answers
+as text) plus the new one, which the engine process formats with the model's chat template, as a
+chat client resends its history to a server; the cache reuses the earlier turns' blocks."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -19,10 +24,21 @@ from kvscope.engine.config import SamplingParams
 
 
 class Composer(QWidget):
-    submitted = Signal(str, object, object)  # prompt, SamplingParams, cache salt or None
+    submitted = Signal(object, object, object)  # text or chat messages, SamplingParams, salt
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.messages: list[dict] = []  # the conversation so far (chat mode)
+        self._sent: list[dict] | None = None  # the turn waiting for its answer
+        self._answer_id: int | None = None  # that turn's request id, once the engine says it
+        self.chat = QCheckBox("chat")
+        self.chat.setToolTip("Apply the model's chat template; each turn resends the "
+                             "conversation so far, so the earlier turns' blocks are reused")
+        self.transcript = QPlainTextEdit(readOnly=True, visible=False)
+        self.new_chat_button = QPushButton("New chat", visible=False)
+        self.new_chat_button.clicked.connect(self.new_chat)
+        self.chat.toggled.connect(self.transcript.setVisible)
+        self.chat.toggled.connect(self.new_chat_button.setVisible)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Type a prompt, then Ctrl+Enter or Submit")
         self.max_tokens = QSpinBox(minimum=1, maximum=4096, value=64)
@@ -39,6 +55,7 @@ class Composer(QWidget):
         form.addRow("temperature", self.temperature)
         form.addRow("n", self.n)
         form.addRow("cache salt", self.salt)
+        form.addRow(self.chat, self.new_chat_button)
         self.submit_button = QPushButton("Submit")
         self.submit_button.setShortcut("Ctrl+Return")
         self.submit_button.clicked.connect(self.submit)
@@ -47,6 +64,7 @@ class Composer(QWidget):
         row.addWidget(self.submit_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.transcript, 2)
         layout.addWidget(self.prompt, 1)
         layout.addLayout(row)
 
@@ -62,5 +80,44 @@ class Composer(QWidget):
 
     def submit(self) -> None:
         text = self.prompt.toPlainText()
-        if text.strip():
+        if not text.strip():
+            return
+        if not self.chat.isChecked():
             self.submitted.emit(text, self.params(), self.salt.text().strip() or None)
+            return
+        if self._sent is not None:
+            return  # one turn at a time: the next one resends this one's answer
+        self._sent = self.messages + [{"role": "user", "content": text}]
+        self.prompt.clear()
+        self._show_transcript()
+        self.submitted.emit(self._sent, self.params(), self.salt.text().strip() or None)
+
+    def new_chat(self) -> None:
+        self.messages, self._sent, self._answer_id = [], None, None
+        self._show_transcript()
+
+    def on_submitted(self, request_id: int) -> None:
+        """The engine queued a request: in chat mode, the turn waiting for its answer."""
+        if self._sent is not None and self._answer_id is None:
+            self._answer_id = request_id
+
+    def on_rejected(self) -> None:
+        if self._sent is not None and self._answer_id is None:
+            self.prompt.setPlainText(self._sent[-1]["content"])  # nothing typed is lost
+            self._sent = None
+            self._show_transcript()
+
+    def show_requests(self, rows) -> None:
+        """Take the waiting turn's answer from the request rows once it has finished."""
+        row = next((r for r in rows if r.request_id == self._answer_id), None)
+        if row is None or not row.state.startswith("finished"):
+            return
+        if row.state.removeprefix("finished: ") in ("stop", "eos", "length"):
+            self.messages = self._sent + [{"role": "assistant", "content": row.text}]
+        self._sent, self._answer_id = None, None
+        self._show_transcript()
+
+    def _show_transcript(self) -> None:
+        turns = self.messages if self._sent is None else self._sent + [
+            {"role": "assistant", "content": "…"}]
+        self.transcript.setPlainText("\n\n".join(f"{m['role']}: {m['content']}" for m in turns))

