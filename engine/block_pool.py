@@ -21,6 +21,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+import numpy as np
+
 from kvscope.engine.block_hash import BlockHash
 
 EVICTION_POLICIES = ("lru", "fifo", "lfu")
@@ -169,21 +171,24 @@ class BlockPool:
         cached ones are released in that order, so every policy rebuilds the same order (fifo:
         by the recorded registration order; lfu: hits, then that order)."""
         pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
-        key = [None if h == 0 else int(h).to_bytes(8, "little") for h in snap.block_hash.tolist()]
-        pool.block_hash = key
-        pool.parent_hash = [None if k is None else int(p).to_bytes(8, "little")
-                            for k, p in zip(key, snap.parent_hash.tolist(), strict=True)]
+        hashed = np.flatnonzero(snap.block_hash != 0).tolist()
+        hashes = snap.block_hash.astype("<u8").tobytes()
+        parents = snap.parent_hash.astype("<u8").tobytes()
+        key, parent = pool.block_hash, pool.parent_hash
+        for b in hashed:
+            key[b], parent[b] = hashes[8 * b:8 * b + 8], parents[8 * b:8 * b + 8]
+        pool.hash_to_block = {key[b]: b for b in hashed}
         pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
-        pool.hash_to_block = {h: b for b, h in enumerate(key) if h is not None}
         pool.ref_count = snap.ref_count.tolist()
         if len(snap.cached_seq):  # (sessions recorded before it have none)
             pool.cached_seq = snap.cached_seq.tolist()
             pool._num_registered = max(pool.cached_seq, default=0)
-        order = sorted((r, b) for b, r in enumerate(snap.lru_rank.tolist()) if r >= 0)
-        pool._free = OrderedDict.fromkeys(b for _, b in order if key[b] is None)
-        for _, b in order:
-            if key[b] is not None:
-                pool._cached.push(b, pool)
+        queued = np.flatnonzero(snap.lru_rank >= 0)
+        order = queued[np.argsort(snap.lru_rank[queued], kind="stable")]
+        is_hashed = snap.block_hash[order] != 0
+        pool._free = OrderedDict.fromkeys(order[~is_hashed].tolist())
+        for b in order[is_hashed].tolist():
+            pool._cached.push(b, pool)
         pool.num_evicted = snap.num_evicted_blocks
         return pool
 
