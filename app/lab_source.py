@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from kvscope.app.frames import Frame, RequestRow, evicted_at
 from kvscope.app.sources import MAX_EVENTS, FrameSource
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.lab.dead import dead_blocks_in_pool
 from kvscope.engine.lab.traces import Trace
 from kvscope.engine.lab.whatif import block_hashes
 from kvscope.engine.metrics import StepRecord
@@ -87,7 +90,8 @@ class LabSource(FrameSource):
         while self.step < step:
             self._advance()
         return Frame(snapshot=self.manager.snapshot(), evicted=evicted_at(self._events, step),
-                     requests=self._rows(step))
+                     requests=self._rows(step),
+                     dead=np.flatnonzero(dead_blocks_in_pool(self.manager.pool)))
 
     def _rows(self, step: int) -> list[RequestRow]:
         rows = []

@@ -127,6 +127,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
+        self.docks["lab"].hide()  # a tool of its own: Ctrl+Shift+L shows it
         lab = self.docks["lab"].toggleViewAction()
         lab.setShortcut(QKeySequence("Ctrl+Shift+L"))
         self.addAction(lab)
