@@ -44,6 +44,7 @@ class Frame:
     # resident blocks no lookup can reach (an ancestor was evicted), from a source that knows
     # the pool's chain roots; None: not known
     dead: np.ndarray | None = None
+    dead_counts: tuple[np.ndarray, np.ndarray] | None = None  # (steps, dead blocks), sampled
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""
@@ -54,6 +55,8 @@ class Frame:
             self.snapshot, self.evicted, self.dead = later.snapshot, later.evicted, later.dead
         if later.requests is not None:
             self.requests = later.requests
+        if later.dead_counts is not None:
+            self.dead_counts = later.dead_counts
         return self
 
 

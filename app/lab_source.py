@@ -22,6 +22,7 @@ from kvscope.engine.lab.whatif import block_hashes
 from kvscope.engine.metrics import StepRecord
 from kvscope.sessions import SessionError
 
+DEAD_SAMPLES = 200  # steps at which the opening pass counts dead blocks, for the timeline
 READ_ONLY = "A what-if lab replay cannot be changed: press Back to live to use the engine"
 
 
@@ -36,13 +37,18 @@ class LabSource(FrameSource):
         self.read_only = READ_ONLY
         self._hashes = block_hashes(trace, block_size)
         self._restart()
-        records, events = [], []
-        for i in range(len(trace.requests)):
+        records, events, dead = [], [], []
+        n = len(trace.requests)
+        every = max(1, n // DEAD_SAMPLES)
+        for i in range(n):
             self._advance()
             events += self._events
             del events[:-MAX_EVENTS]
             records.append(self._record(i))
-        self._first = Frame(records=records, events=events)
+            if i % every == 0 or i == n - 1:
+                dead.append((i, int(dead_blocks_in_pool(self.manager.pool).sum())))
+        self._first = Frame(records=records, events=events,
+                            dead_counts=tuple(np.array(c) for c in zip(*dead, strict=True)))
         self._restart()
 
     def _restart(self) -> None:

@@ -151,6 +151,8 @@ def test_dead_cache_is_outlined_in_the_pool(window, tmp_path, policy, dead):
     w = window
     assert w.open_lab_replay(str(path), 4, 16, policy, 10)
     assert len(w.pool.dead) == 0  # step 0: A is running
+    xs, ys = w.timeline.dead_curve.getData()  # the count on the timeline
+    assert (xs.tolist(), ys.tolist()) == ([0, 1], [0, len(dead)])
     w.replay_bar.set_step(1)
     assert w.pool.dead.tolist() == dead
     if dead:
@@ -162,6 +164,9 @@ def test_dead_cache_is_outlined_in_the_pool(window, tmp_path, policy, dead):
                                   rendered(w, w.snapshot, w.pool._evicted))
     w.replay_bar.set_step(0)
     assert len(w.pool.dead) == 0
+    w.set_source(w.live)  # nothing of the lab stays drawn
+    xs = w.timeline.dead_curve.getData()[0]
+    assert (xs is None or len(xs) == 0) and len(w.pool.dead) == 0
 
 
 def test_a_bad_trace_opened_as_a_replay_changes_nothing(window, tmp_path):
