@@ -26,10 +26,11 @@ class LabJob:
 
 def _work(job: LabJob, out) -> None:
     from kvscope.engine.lab import report
-    from kvscope.engine.lab.traces import TraceError, load_trace
+    from kvscope.engine.lab.traces import TraceError
+    from kvscope.sessions.lab_input import load_lab_input
 
     try:
-        trace = load_trace(job.path, None, job.limit)
+        trace = load_lab_input(job.path, None, job.limit)
         trace.check_block_size(job.block_size)
         _, stream = report.run(trace, list(job.pool_sizes), list(job.policies), job.block_size,
                                job.mode, on_row=lambda row: out.put(("row", row)))

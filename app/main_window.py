@@ -413,10 +413,11 @@ class MainWindow(QMainWindow):
                         limit: int) -> bool:
         """The Lab panel's what-if run, shown like a replay. A bad trace changes nothing."""
         from kvscope.app.lab_source import LabSource
-        from kvscope.engine.lab.traces import TraceError, load_trace
+        from kvscope.engine.lab.traces import TraceError
+        from kvscope.sessions.lab_input import load_lab_input
 
         try:
-            trace = load_trace(path, None, limit)
+            trace = load_lab_input(path, None, limit)
             trace.check_block_size(block_size)
             source = LabSource(trace, pool_blocks, block_size, policy)
         except (TraceError, OSError, SessionError) as e:

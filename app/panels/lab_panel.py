@@ -53,7 +53,8 @@ class LabPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) and press Run.")
+        self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
+                              "session and press Run.")
         self.verdict.setWordWrap(True)
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.plot)
@@ -65,7 +66,7 @@ class LabPanel(QWidget):
 
     def _build_controls(self) -> QGridLayout:
         self.path_edit = QLineEdit()
-        self.path_edit.setPlaceholderText("trace file (.jsonl)")
+        self.path_edit.setPlaceholderText("trace (.jsonl) or recorded session (.kvscope)")
         browse = QPushButton("Trace…")
         browse.clicked.connect(self._browse)
         self.sizes_edit = QLineEdit("2000 8000 30000")
@@ -112,8 +113,9 @@ class LabPanel(QWidget):
         return grid
 
     def _browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "A request trace", "",
-                                              "Traces (*.jsonl);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "A request trace or a recorded session", "",
+            "Traces and sessions (*.jsonl *.kvscope);;All files (*)")
         if path:
             self.path_edit.setText(path)
 
