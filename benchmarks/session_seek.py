@@ -87,7 +87,7 @@ class RecorderClock:
         self.capture_s = self.writer_s = 0.0
         self.steps = 0
         cls = recorder_module.Recorder
-        self._orig = (cls._write, cls._after_step)
+        self._orig = (cls._write, cls._on_update)
         write, after = self._orig
         clock = self
 
@@ -104,10 +104,10 @@ class RecorderClock:
             clock.capture_s += time.thread_time() - t
             clock.steps += 1
 
-        cls._write, cls._after_step = timed_write, timed_after
+        cls._write, cls._on_update = timed_write, timed_after
 
     def restore(self) -> None:
-        recorder_module.Recorder._write, recorder_module.Recorder._after_step = self._orig
+        recorder_module.Recorder._write, recorder_module.Recorder._on_update = self._orig
 
 
 def record_big(model: Path, path: Path, min_events: int, quiet: bool = False,
