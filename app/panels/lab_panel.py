@@ -94,22 +94,18 @@ class LabPanel(QWidget):
         grid = QGridLayout()
         grid.addWidget(self.path_edit, 0, 0, 1, 3)
         grid.addWidget(browse, 0, 3)
-        for col, (label, widget) in enumerate([("pool blocks", self.sizes_edit),
-                                               ("block size", self.block_size),
-                                               ("requests", self.limit)]):
-            row = QHBoxLayout()
-            row.addWidget(QLabel(label))
-            row.addWidget(widget, 1)
-            grid.addLayout(row, 1, col)
-        grid.addWidget(self.mode, 1, 3)
+        grid.addLayout(_labelled("pool blocks", self.sizes_edit), 1, 0, 1, 4)
+        grid.addLayout(_labelled("block size", self.block_size), 2, 0)
+        grid.addLayout(_labelled("requests", self.limit), 2, 1, 1, 2)
+        grid.addWidget(self.mode, 2, 3)
         policies = QHBoxLayout()
         for box in self.policy_boxes.values():
             policies.addWidget(box)
-        grid.addLayout(policies, 2, 0, 1, 2)
-        grid.addWidget(self.run_button, 2, 2)
-        grid.addWidget(self.cancel_button, 2, 3)
-        grid.addWidget(self.progress, 3, 0, 1, 2)
-        grid.addWidget(self.open_button, 3, 2, 1, 2)
+        grid.addLayout(policies, 3, 0, 1, 2)
+        grid.addWidget(self.run_button, 3, 2)
+        grid.addWidget(self.cancel_button, 3, 3)
+        grid.addWidget(self.progress, 4, 0, 1, 2)
+        grid.addWidget(self.open_button, 4, 2, 1, 2)
         return grid
 
     def _browse(self) -> None:
@@ -206,6 +202,13 @@ class LabPanel(QWidget):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(i, j, item)
         self.verdict.setText(verdict(rows))
+
+
+def _labelled(label: str, widget) -> QHBoxLayout:
+    row = QHBoxLayout()
+    row.addWidget(QLabel(label))
+    row.addWidget(widget, 1)
+    return row
 
 
 def verdict(rows: list[Row]) -> str:
