@@ -9,8 +9,9 @@ from pathlib import Path
 
 from kvscope.engine.lab import report
 from kvscope.engine.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
-from kvscope.engine.lab.traces import FORMATS, TraceError, load_trace
+from kvscope.engine.lab.traces import FORMATS, TraceError
 from kvscope.engine.lab.whatif import MODES
+from kvscope.sessions.lab_input import load_lab_input
 
 
 def add_parser(sub) -> None:
@@ -66,9 +67,6 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    if args.format == "session" or (args.format is None and _is_sqlite(args.trace)):
-        raise TraceError(f"{args.trace}: a kvscope session does not record each request's "
-                         "block-hash chain yet, so the lab cannot replay it")
     if args.tpot_ms < 0:
         raise TraceError(f"--tpot-ms must be >= 0, got {args.tpot_ms:g}")
     if args.residency and args.mode != "sequential":
@@ -76,7 +74,7 @@ def _lab(args: argparse.Namespace) -> int:
     for out in (args.csv, args.png):
         if out is not None and not out.parent.is_dir():
             raise TraceError(f"{out}: folder {out.parent} does not exist")
-    trace = load_trace(args.trace, args.format, args.limit)
+    trace = load_lab_input(args.trace, args.format, args.limit)
     trace.check_block_size(args.block_size)
     print(f"{trace.name}: {len(trace.requests):,} requests ({trace.format}, "
           f"{trace.trace_block}-token trace blocks; ids after more than one predecessor: "
@@ -104,14 +102,6 @@ def _lab(args: argparse.Namespace) -> int:
         write_curves_png(args.png, curve, rows)
         print(f"wrote {args.png}")
     return 0
-
-
-def _is_sqlite(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(16).startswith(b"SQLite format 3")
-    except OSError:
-        return False
 
 
 def _print_row(r: report.Row) -> None:

@@ -416,6 +416,7 @@ class EngineHost:
             return
         f.snapshot = snap = engine.snapshot()
         f.evicted = evicted_at(f.events, snap.step)
+        f.dead = engine.dead_blocks()
         f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False

@@ -41,6 +41,10 @@ class Frame:
     events: list[ev.Event] = field(default_factory=list)
     requests: list[RequestRow] | None = None
     explanations: dict[int, MissExplanation] = field(default_factory=dict)  # newly admitted
+    # resident blocks no lookup can reach (an ancestor was evicted), from a source that knows
+    # the pool's chain roots; None: not known
+    dead: np.ndarray | None = None
+    dead_counts: tuple[np.ndarray, np.ndarray] | None = None  # (steps, dead blocks), sampled
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""
@@ -48,9 +52,11 @@ class Frame:
         self.events.extend(later.events)
         self.explanations.update(later.explanations)
         if later.snapshot is not None:
-            self.snapshot, self.evicted = later.snapshot, later.evicted
+            self.snapshot, self.evicted, self.dead = later.snapshot, later.evicted, later.dead
         if later.requests is not None:
             self.requests = later.requests
+        if later.dead_counts is not None:
+            self.dead_counts = later.dead_counts
         return self
 
 

@@ -31,6 +31,7 @@ from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
 from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
+from kvscope.app.panels.lab_panel import LabPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
@@ -103,6 +104,8 @@ class MainWindow(QMainWindow):
                        self.tree]  # each shows every frame: show_frame(frame), clear()
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
+        self.lab = LabPanel()
+        self.lab.open_requested.connect(self.open_lab_replay)
         self.docks = {}
         for name, title, widget, area in [
             ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
@@ -111,6 +114,7 @@ class MainWindow(QMainWindow):
             ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
             ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
             ("device", "Device", self.device, Qt.RightDockWidgetArea),
+            ("lab", "Cache lab", self.lab, Qt.RightDockWidgetArea),
             ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
             ("events", "Events", self.events, Qt.BottomDockWidgetArea),
         ]:
@@ -122,6 +126,11 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
+        self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
+        self.docks["lab"].hide()  # a tool of its own: Ctrl+Shift+L shows it
+        lab = self.docks["lab"].toggleViewAction()
+        lab.setShortcut(QKeySequence("Ctrl+Shift+L"))
+        self.addAction(lab)
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
 
@@ -404,6 +413,24 @@ class MainWindow(QMainWindow):
             source = ReplaySource.open(path)
         except SessionError as e:
             self.banner.show_error(f"Cannot open the session: {e}")
+            return False
+        self.worker.pause()
+        self.set_source(source)
+        return True
+
+    def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
+                        limit: int) -> bool:
+        """The Lab panel's what-if run, shown like a replay. A bad trace changes nothing."""
+        from kvscope.app.lab_source import LabSource
+        from kvscope.engine.lab.traces import TraceError
+        from kvscope.sessions.lab_input import load_lab_input
+
+        try:
+            trace = load_lab_input(path, None, limit)
+            trace.check_block_size(block_size)
+            source = LabSource(trace, pool_blocks, block_size, policy)
+        except (TraceError, OSError, SessionError) as e:
+            self.banner.show_error(f"Cannot open the lab replay: {e}")
             return False
         self.worker.pause()
         self.set_source(source)

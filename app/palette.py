@@ -16,6 +16,7 @@ EVICTED_COLOR = "#d55e00"
 PREFILL_COLOR = "#56b4e9"
 DECODE_COLOR = "#cc79a7"
 SELECTED_OUTLINE = "#000000"
+DEAD_OUTLINE = "#c000c0"  # dashed: resident blocks no lookup can reach (dead cache)
 
 # Display codes: the LUT index of each cell.
 CODE_FREE = 0

@@ -12,12 +12,14 @@ import time
 import traceback
 from collections import deque
 
+import numpy as np
 import torch
 
 from kvscope.engine import events as ev
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.lab.dead import dead_blocks_in_pool
 from kvscope.engine.loader import LoadedModel, load_model
 from kvscope.engine.metrics import RequestMetrics, StepRecord
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
@@ -65,7 +67,8 @@ class Engine:
         num_blocks = config.num_blocks or self._default_num_blocks(loaded)
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
                                   self.device)
-        identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
+        # the model part of every chain's root hash (see block_hash.ExtraKeys)
+        self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
                                       config.record_events, config.eviction_policy)
@@ -208,6 +211,11 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         return self.manager.snapshot()
+
+    def dead_blocks(self) -> np.ndarray:
+        """Cached blocks no lookup can reach any more, an ancestor in their chain having been
+        evicted (engine/lab/dead.py); costs about a microsecond per cached block."""
+        return np.flatnonzero(dead_blocks_in_pool(self.manager.pool))
 
     def explain_miss(self, request_id: int) -> MissExplanation:
         return self.manager.explain_miss(request_id)

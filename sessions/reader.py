@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
+
 from kvscope.engine.block_pool import EVICTION_POLICIES
 from kvscope.engine.config import shown
 from kvscope.engine.events import Event, EventKind
@@ -288,6 +290,16 @@ class SessionReader:
             self._check_types(RecordedRequest, d, where)
             out.append(RecordedRequest(**d))
         return out
+
+    def request_chains(self) -> dict[int, np.ndarray]:
+        """Each request's prompt block chain (stored hashes, uint64), for the cache lab."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                           "name = 'request_chains'"):
+            raise SessionError(f"{self.path}: recorded before kvscope kept each request's "
+                               "block-hash chain, so the lab cannot replay it")
+        return {rid: np.frombuffer(blob or b"", dtype="<u8").astype(np.uint64)
+                for rid, blob in self._query("SELECT request_id, block_hashes FROM "
+                                             "request_chains")}
 
     def steps(self, first: int | None = None, last: int | None = None) -> list[StepRecord]:
         """The engine's StepRecords (fields this kvscope does not know are ignored)."""

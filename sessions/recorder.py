@@ -70,6 +70,7 @@ import numpy as np
 import sqlite_utils
 
 from kvscope.engine import events as ev
+from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 from kvscope.sessions import schema
 from kvscope.sessions.lock import SessionLock
@@ -107,6 +108,7 @@ class _RequestInfo:
     cache_salt: str | None
     params: dict
     prompt_ids: list[int] | None  # only with record_text
+    tokens: list[int]  # the prompt, hashed into its block chain by the writer, never stored
 
 
 @dataclass
@@ -377,7 +379,8 @@ class Recorder:
                       num_stop=len(p.stop))
         return _RequestInfo(r.request_id, r.parent_id, r.sample_index, r.arrival_s,
                             len(r.prompt_token_ids), r.cache_salt, params,
-                            list(r.prompt_token_ids) if self.record_text else None)
+                            list(r.prompt_token_ids) if self.record_text else None,
+                            list(r.prompt_token_ids))
 
     def _set_lagging(self, why: str) -> None:
         self._lagging = True
@@ -436,9 +439,11 @@ class Recorder:
         req_rows, fin_rows, step_rows, event_rows, kf_rows = [], [], [], [], []
         why_rows = [row for cap in batch for row in cap.explanations]
         num_events = 0
+        chain_rows = []
         for cap in batch:
             for info in cap.new_requests:
                 req_rows.append(self._request_row(info))
+                chain_rows.append((info.request_id, self._chain(info)))
             fin_rows += cap.finished
             last = len(cap.steps) - 1
             for i, (rec, events) in enumerate(cap.steps):
@@ -465,6 +470,8 @@ class Recorder:
         # engine thread) to a handful per flush.
         if req_rows:
             _insert_rows(conn, "requests", list(req_rows[0]), req_rows)
+        if chain_rows:
+            _insert_rows(conn, "request_chains", ["request_id", "block_hashes"], chain_rows)
         if fin_rows:  # every row has the same keys
             _insert_rows(conn, "requests", list(fin_rows[0]), fin_rows, upsert="request_id")
         if step_rows:
@@ -497,6 +504,14 @@ class Recorder:
             digest = hmac.new(self._hash_key, short.to_bytes(8, "little"), hashlib.sha256)
             keyed = self._keyed[short] = int.from_bytes(digest.digest()[:8], "little") or 1
         return keyed
+
+    def _chain(self, info: _RequestInfo) -> bytes:
+        """The prompt's block chain as the engine hashes it (from the tokens the step stream
+        carries and the engine's public cache identity), stored as the pool's hashes are."""
+        keys = ExtraKeys(getattr(self.engine, "cache_identity", ""), None, info.cache_salt)
+        hashes = hash_blocks(root_hash(keys), info.tokens, self.engine.config.block_size)
+        return np.fromiter((self.stored_hash(short_hash(h)) for h in hashes), np.uint64,
+                           len(hashes)).astype("<u8").tobytes()
 
     def _keyed_events(self, events: list[tuple]) -> list[tuple]:
         if self.raw_hashes:

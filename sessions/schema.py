@@ -97,6 +97,9 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
     }, pk="step")
     db["explanations"].create({name: EXPLANATION_COLUMNS[name] for name in EXPLANATION_COLUMNS},
                               pk=("request_id", "step"))
+    # each request's prompt: the stored hashes of its full blocks, uint64 little-endian (the
+    # cache lab's input); files from before it have no such table
+    db["request_chains"].create({"request_id": int, "block_hashes": bytes}, pk="request_id")
     kf = {"step": int, "num_blocks": int, "codec": str, "layout": str}
     kf.update({name: bytes for name in KEYFRAME_ARRAYS})
     kf.update({"table_ids": bytes, "table_lens": bytes, "table_blocks": bytes, "nct": bytes,

@@ -1,14 +1,25 @@
-"""The Lab panel (standalone for now): a lab run's miss-ratio curves, the table of its rows and
-one verdict line (how far LRU is from the ceilings at the largest size replayed)."""
+"""The Lab panel: pick a trace, pool sizes, policies and mode, run the lab in a worker process
+(progress, Cancel), then the miss-ratio curves, the table of its rows and one verdict line (how
+far LRU is from the ceilings at the largest size replayed). "Open the replay" asks the window to
+show the what-if run of the selected row (or the first size) as a frame source."""
 
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -17,30 +28,169 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.lab_plot import draw_curves
-from kvscope.engine.lab.report import Row
+from kvscope.app.lab_worker import LabJob, LabRun
+from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine.lab.report import POLICIES, Row
+from kvscope.engine.lab.whatif import MODES
+
+POLL_MS = 100
 
 COLUMNS = ("policy", "pool blocks", "mode", "token hit", "request hit", "evicted")
 
 
 class LabPanel(QWidget):
+    # trace path, pool blocks, block size, policy, first N requests: show the what-if replay
+    open_requested = Signal(str, int, int, str, int)
+
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.run: LabRun | None = None
+        self.timer = QTimer(self)
+        self.timer.timeout.connect(self._poll)
         self.plot = pg.PlotWidget(background="w")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.verdict = QLabel("Run `kvscope lab TRACE` to fill this panel.")
+        self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
+                              "session and press Run.")
         self.verdict.setWordWrap(True)
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.plot)
         split.addWidget(self.table)
         layout = QVBoxLayout(self)
+        layout.addLayout(self._build_controls())
         layout.addWidget(self.verdict)
         layout.addWidget(split)
 
+    def _build_controls(self) -> QGridLayout:
+        self.path_edit = QLineEdit()
+        self.path_edit.setPlaceholderText("trace (.jsonl) or recorded session (.kvscope)")
+        browse = QPushButton("Trace…")
+        browse.clicked.connect(self._browse)
+        self.sizes_edit = QLineEdit("2000 8000 30000")
+        self.sizes_edit.setToolTip("Pool sizes in blocks, separated by spaces")
+        self.block_size = QSpinBox(minimum=1, maximum=512, value=16)
+        self.block_size.setToolTip("Tokens per block; must divide the trace's block")
+        self.limit = QSpinBox(minimum=1, maximum=10**7, value=500)
+        self.limit.setToolTip("Replay the first N requests of the trace")
+        self.mode = QComboBox()
+        self.mode.addItems(MODES)
+        self.policy_boxes = {p: QCheckBox(p) for p in POLICIES}
+        for p in ("lru", "belady"):
+            self.policy_boxes[p].setChecked(True)
+        self.run_button = QPushButton("Run")
+        self.run_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.open_button = QPushButton("Open the replay at this pool size")
+        self.open_button.setToolTip("Show the selected row's what-if run (LRU at the first size "
+                                    "if none is selected) in the window, sequential mode")
+        self.open_button.clicked.connect(self.open_replay)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%v of %m rows")
+        grid = QGridLayout()
+        grid.addWidget(self.path_edit, 0, 0, 1, 3)
+        grid.addWidget(browse, 0, 3)
+        grid.addLayout(_labelled("pool blocks", self.sizes_edit), 1, 0, 1, 4)
+        grid.addLayout(_labelled("block size", self.block_size), 2, 0)
+        grid.addLayout(_labelled("requests", self.limit), 2, 1, 1, 2)
+        grid.addWidget(self.mode, 2, 3)
+        policies = QHBoxLayout()
+        for box in self.policy_boxes.values():
+            policies.addWidget(box)
+        grid.addLayout(policies, 3, 0, 1, 2)
+        grid.addWidget(self.run_button, 3, 2)
+        grid.addWidget(self.cancel_button, 3, 3)
+        grid.addWidget(self.progress, 4, 0, 1, 2)
+        grid.addWidget(self.open_button, 4, 2, 1, 2)
+        return grid
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "A request trace or a recorded session", "",
+            "Traces and sessions (*.jsonl *.kvscope);;All files (*)")
+        if path:
+            self.path_edit.setText(path)
+
+    def job(self) -> LabJob | str:
+        """The run the controls describe, or why they describe none."""
+        path = self.path_edit.text().strip()
+        if not path:
+            return "Pick a trace file first."
+        try:
+            sizes = tuple(int(t.replace(",", "").replace("_", ""))
+                          for t in self.sizes_edit.text().split())
+        except ValueError:
+            return f"Pool sizes must be whole numbers of blocks: {self.sizes_edit.text()!r}"
+        if not sizes or min(sizes) < 1:
+            return "Give at least one pool size of at least 1 block."
+        policies = tuple(p for p, box in self.policy_boxes.items() if box.isChecked())
+        if not policies:
+            return "Tick at least one policy."
+        return LabJob(path, sizes, policies, self.block_size.value(), self.mode.currentText(),
+                      self.limit.value())
+
+    def start(self) -> None:
+        job = self.job()
+        if isinstance(job, str):
+            self.verdict.setText(job)
+            return
+        self.cancel()
+        self.run = LabRun(job)
+        self.progress.setRange(0, job.num_rows)
+        self.progress.setValue(0)
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.verdict.setText(f"Replaying {job.path} …")
+        self.timer.start(POLL_MS)
+
+    def cancel(self) -> None:
+        if self.run is None:
+            return
+        cancelled = not self.run.done
+        self.run.cancel()
+        self.run = None
+        self._idle()
+        if cancelled:
+            self.verdict.setText("Cancelled.")
+
+    def _idle(self) -> None:
+        self.timer.stop()
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+
+    def _poll(self) -> None:
+        run = self.run
+        if run is None or not run.poll():
+            return
+        self.progress.setValue(len(run.rows))
+        if run.error is not None:
+            self.verdict.setText(f"The lab run failed: {run.error}")
+        elif run.curve is not None:
+            self.show_result(run.curve, run.rows)
+        if run.done:
+            run.cancel()  # the worker has ended: reap it
+            self.run = None
+            self._idle()
+
+    def open_replay(self) -> None:
+        job = self.job()
+        if isinstance(job, str):
+            self.verdict.setText(job)
+            return
+        policy, size = "lru", job.pool_sizes[0]
+        row = self.table.currentRow()
+        if 0 <= row < len(self.rows) and self.rows[row].policy in EVICTION_POLICIES:
+            policy, size = self.rows[row].policy, self.rows[row].pool_blocks
+        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit)
+
+    rows: list[Row] = []
+
     def show_result(self, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
+        self.rows = list(rows)
         draw_curves(self.plot.getPlotItem(), lru_curve, rows)
         self.table.setRowCount(len(rows))
         for i, r in enumerate(rows):
@@ -52,6 +202,13 @@ class LabPanel(QWidget):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(i, j, item)
         self.verdict.setText(verdict(rows))
+
+
+def _labelled(label: str, widget) -> QHBoxLayout:
+    row = QHBoxLayout()
+    row.addWidget(QLabel(label))
+    row.addWidget(widget, 1)
+    return row
 
 
 def verdict(rows: list[Row]) -> str:

@@ -59,6 +59,11 @@ class PoolView(QWidget):
         self.outline = pg.ScatterPlotItem(symbol="s", brush=None, pxMode=False, size=0.82,
                                           pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
         self.plot.addItem(self.outline)
+        self.dead_outline = pg.ScatterPlotItem(
+            symbol="s", brush=None, pxMode=False, size=0.6,
+            pen=pg.mkPen(palette.DEAD_OUTLINE, width=2, style=Qt.DashLine))
+        self.plot.addItem(self.dead_outline)
+        self.dead: np.ndarray = np.zeros(0, dtype=np.int64)
         self.hover_label = QLabel("hover a block for details")
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.legend = QLabel(self._legend_html())
@@ -86,18 +91,21 @@ class PoolView(QWidget):
                         sw(palette.SHARED_COLOR, "shared (deeper = more owners)"),
                         sw(palette.CACHED_COLOR, "cached (darker = evicted sooner)"),
                         sw(palette.EVICTED_COLOR, "evicted this step"),
-                        sw("#000000", "selected", "□")])
+                        sw("#000000", "selected", "□"),
+                        sw(palette.DEAD_OUTLINE, "dead: cached, unreachable (lab)", "⬚")])
 
     # ----------------------------------------------------------------- render
     def show_frame(self, frame: Frame) -> None:
         if frame.snapshot is not None:
             self.set_snapshot(frame.snapshot, frame.evicted)
+            self.show_dead(frame.dead)
             self._on_selection()
 
     def clear(self) -> None:
         self.snapshot, self.codes = None, np.zeros(0, dtype=np.uint8)
         self.image.clear()
         self.highlight(None)
+        self.show_dead(None)
         self.hover_label.setText("hover a block for details")
 
     def _on_selection(self, *_) -> None:
@@ -146,9 +154,14 @@ class PoolView(QWidget):
             self.highlighted = blocks
             self._draw_outline()
 
+    def show_dead(self, blocks) -> None:
+        """Outline dead blocks (None: not known, nothing outlined)."""
+        self.dead = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
+        self._draw_outline()
+
     def _draw_outline(self) -> None:
-        b = self.highlighted
-        self.outline.setData(x=(b % self.cols) + 0.5, y=(b // self.cols) + 0.5)
+        for item, b in ((self.outline, self.highlighted), (self.dead_outline, self.dead)):
+            item.setData(x=(b % self.cols) + 0.5, y=(b // self.cols) + 0.5)
 
     def cell_center(self, block: int) -> tuple[float, float]:
         """Scene-independent: the view coordinates of a block's cell centre."""

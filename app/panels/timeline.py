@@ -87,7 +87,8 @@ class Timeline(QWidget):
         self.token_plot = self._plot(1, "tokens", "Tokens per step (prefill + decode) and batch "
                                      "size (sequences in the step)")
         self.block_plot = self._plot(2, "blocks", "Blocks active (blue), cached (green) and "
-                                     "free (grey) after each step")
+                                     "free (grey) after each step; dead (dashed magenta, in "
+                                     "lab replays): cached but unreachable")
         self.hit_plot = self._plot(3, "hit %", "Token hit rate so far: prompt tokens served "
                                    "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
@@ -105,6 +106,9 @@ class Timeline(QWidget):
         self.active_curve = self._curve(self.block_plot, palette.ACTIVE_COLOR)
         self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR)
         self.free_curve = self._curve(self.block_plot, "#999999")
+        # dead cache (sampled by sources that know it): resident blocks no lookup can reach
+        self.dead_curve = self.block_plot.plot(
+            pen=pg.mkPen(palette.DEAD_OUTLINE, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR)
         # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
         self.total_bars = self._bars(self.time_plot, palette.DECODE_COLOR)
@@ -152,9 +156,12 @@ class Timeline(QWidget):
         return bars
 
     def show_frame(self, frame: Frame) -> None:
+        if frame.dead_counts is not None:
+            self.dead_curve.setData(*frame.dead_counts)
         self.redrew = self.add_records(frame.records)
 
     def clear(self) -> None:
+        self.dead_curve.setData([], [])
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
         self._redraw()

@@ -66,13 +66,14 @@ def replay(qtbot, tmp_path, session):
     w.close()
 
 
-def rendered(window, snap, evicted) -> np.ndarray:
-    """The pool image a fresh view of the same size draws for this snapshot (and the outline
-    of the selection)."""
+def rendered(window, snap, evicted, dead=None) -> np.ndarray:
+    """The pool image a fresh view of the same size draws for this snapshot (and the outlines
+    of the selection and of dead blocks)."""
     ref = PoolView()
     ref.setFixedSize(window.pool.size())
     ref.show()
     ref.set_snapshot(snap, evicted)
+    ref.show_dead(dead)
     ref.highlight(window.selection.highlighted(snap))
     image = to_array(grab_pool(ref))
     ref.close()

@@ -202,7 +202,7 @@ def test_lab_command_errors_are_one_line_with_exit_2(argv, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_session_file_is_refused_clearly(tmp_path, capsys):
+def test_an_sqlite_file_that_is_no_session_is_refused_clearly(tmp_path, capsys):
     import sqlite3
 
     from kvscope.app import cli
@@ -210,7 +210,8 @@ def test_a_session_file_is_refused_clearly(tmp_path, capsys):
     path = tmp_path / "s.kvscope"
     sqlite3.connect(path).execute("create table t (x)").connection.close()
     assert cli.main(["lab", str(path)]) == 2
-    assert "does not record each request's block-hash chain" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert str(path) in err and len(err.strip().splitlines()) == 1
 
 
 def test_residency_lifetime_idle_and_reuse_gap_on_a_hand_made_trace(tmp_path):
@@ -228,3 +229,34 @@ def test_residency_lifetime_idle_and_reuse_gap_on_a_hand_made_trace(tmp_path):
     assert sorted(probe.idle_before_evict) == [1, 1, 1, 1, 1, 2]
     gaps = reuse_gaps(ceilings.segment_stream(trace, BS))
     assert gaps.gaps.tolist() == [2, 2] and gaps.percentile(90) == 2
+
+
+@pytest.mark.parametrize("policy, dead", [("fifo", [1]), ("lru", [])])
+def test_the_live_engine_reports_the_same_dead_tail(policy, dead):
+    """The scenario above in the real engine (demo model): A (33 tokens + 1 sampled) is cached
+    in blocks 0-1, then B (47 + 1) takes 3 of the 4 blocks; the window outlines what
+    `Engine.dead_blocks` returns."""
+    from kvscope.engine import Engine
+    from kvscope.engine.config import EngineConfig, SamplingParams
+
+    engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=4, block_size=BS,
+                                                         eviction_policy=policy))
+    rng = random.Random(0)
+    a, b = [rng.randrange(100, 1000) for _ in range(33)], [rng.randrange(100, 1000)
+                                                           for _ in range(47)]
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    for prompt in (a, b):
+        engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+    assert engine.dead_blocks().tolist() == dead
+    snap = engine.snapshot()
+    assert dead_blocks_in_snapshot(snap, engine.manager.pool.chain_roots).nonzero()[0].tolist() \
+        == dead
+    if dead:
+        assert snap.state[1] == 3  # cached, yet A asked again hits nothing
+        rid = engine.add_request(a, params)
+        done = []
+        while engine.has_unfinished():
+            done += [o for o in engine.step() if o.request_id == rid and o.finished]
+        assert done[0].num_cached_tokens == 0
