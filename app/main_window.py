@@ -31,6 +31,7 @@ from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
 from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
+from kvscope.app.panels.experiments_panel import ExperimentsPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
@@ -64,6 +65,7 @@ class MainWindow(QMainWindow):
         self._tree_due = 0.0
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
+        self._recorded_experiments = []  # measured while recording: saved when it stops
         self.worker = EngineClient(engine_setup, parent=self)
         self.live = LiveSource(self.worker)
         self.source: FrameSource = self.live
@@ -103,6 +105,8 @@ class MainWindow(QMainWindow):
                        self.tree]  # each shows every frame: show_frame(frame), clear()
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
+        self.experiments = ExperimentsPanel()
+        self.experiments.finished.connect(self._save_experiment)
         self.docks = {}
         for name, title, widget, area in [
             ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
@@ -111,6 +115,7 @@ class MainWindow(QMainWindow):
             ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
             ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
             ("device", "Device", self.device, Qt.RightDockWidgetArea),
+            ("experiments", "Experiments", self.experiments, Qt.RightDockWidgetArea),
             ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
             ("events", "Events", self.events, Qt.BottomDockWidgetArea),
         ]:
@@ -122,6 +127,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
+        self.tabifyDockWidget(self.docks["device"], self.docks["experiments"])
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
 
@@ -378,10 +384,27 @@ class MainWindow(QMainWindow):
     def _on_recording_changed(self, path, note: str) -> None:
         if path is None and self.recording_path is not None:
             self.last_session = self.recording_path
+            self._save_recorded_experiments(self.last_session)
         self.recording_path = path
         self.act_record.setChecked(path is not None)
         self.act_record.setText("Stop recording ■" if path else "Record ●")
         self.statusBar().showMessage(note if path is None else f"{note} to {path}", 8000)
+
+    def _save_experiment(self, result) -> None:
+        """A result measured while recording is kept in the recording, written when the
+        recording stops (the engine process may write the file only then)."""
+        if self.recording_path is not None:
+            self._recorded_experiments.append(result)
+
+    def _save_recorded_experiments(self, path: str) -> None:
+        from kvscope.sessions.experiments import save_experiment
+
+        results, self._recorded_experiments = self._recorded_experiments, []
+        try:
+            for result in results:
+                save_experiment(path, result)
+        except SessionError as e:
+            self.banner.show_error(f"Cannot save the experiments in the recording: {e}")
 
     def open_session_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open a recorded session", "",
@@ -398,6 +421,10 @@ class MainWindow(QMainWindow):
             return False
         self.worker.pause()
         self.set_source(source)
+        try:
+            self.experiments.show_results(source.reader.experiments())
+        except SessionError as e:
+            self.banner.show_error(f"Cannot read the session's experiments: {e}")
         return True
 
     @property
@@ -519,6 +546,7 @@ class MainWindow(QMainWindow):
         self._close_progress()
         self.model_name = self._loading_name
         self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
+        self.experiments.model = self.model_name
         self._demo_started = False
         self.live.reset()
         if self.source.live:

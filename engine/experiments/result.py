@@ -39,13 +39,13 @@ class Result:
 
     def table(self) -> str:
         """The rows as aligned text, numbers to 4 significant digits."""
-        cells = [self.columns] + [[_cell(v) for v in row] for row in self.rows]
+        cells = [self.columns] + [[cell(v) for v in row] for row in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
         return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
                          for r in cells)
 
 
-def _cell(v) -> str:
+def cell(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
