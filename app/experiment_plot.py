@@ -21,7 +21,6 @@ def draw_result(item, result: Result) -> None:
         item.addLegend(offset=(10, 10))
     item.legend.clear()
     item.showGrid(x=True, y=True, alpha=0.3)
-    item.setTitle(result.name)
     xs = result.column(result.x)
     ticks = None
     if any(isinstance(x, str) for x in xs):
