@@ -60,8 +60,10 @@ def _experiment(args: argparse.Namespace) -> int:
         from kvscope.sessions import SessionReader
 
         SessionReader(args.session).close()  # refuse a missing or foreign file before running
+    from kvscope.app.engine_host import set_engine_threads
     from kvscope.engine.experiments import run
 
+    set_engine_threads()
     print(f"{args.name}: {EXPERIMENTS[args.name].claim}", flush=True)
     result = run(args.name, args.model, Control(progress=_progress), args.quick, args.device)
     print(result.table())

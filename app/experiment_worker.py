@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="demo")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    from kvscope.app.engine_host import set_engine_threads
     from kvscope.engine.experiments import Control, run
     from kvscope.engine.loader import ModelLoadError
 
+    set_engine_threads()  # all cores but the window's one
     try:
         result = run(args.name, args.model,
                      Control(progress=lambda f, text: _emit(progress=f, text=text)), args.quick)

@@ -57,6 +57,15 @@ def test_cancel_ends_the_worker_and_keeps_the_panel_usable(qtbot):
     assert panel.run_button.isEnabled() and not panel.cancel_button.isEnabled()
 
 
+def test_a_model_that_does_not_load_is_one_line_in_the_verdict(qtbot):
+    panel = panel_for(qtbot, "fp8")
+    panel.model = "/no/such/model"
+    panel.start()
+    qtbot.waitUntil(lambda: panel.process is None, timeout=30_000)
+    assert panel.verdict.text() == "model folder not found: /no/such/model"
+    assert panel.result is None and panel.run_button.isEnabled()
+
+
 def test_saved_results_are_shown_without_running(qtbot):
     from kvscope.engine.experiments import warmup
 
