@@ -57,9 +57,30 @@ class Bench:
                 final.update((o.request_id, o) for o in engine.step() if o.finished)
         finally:
             engine.unsubscribe(queue)
+        self.advance()
+        return [final[i] for i in ids], [u.record for u in queue.drain()]
+
+    def advance(self) -> None:
+        """One of the planned runs is done."""
         self.done += 1
         self.control.tick(self.done, self.total)
-        return [final[i] for i in ids], [u.record for u in queue.drain()]
+
+    def forced_logits(self, kv_cache_dtype: str, prompt: list[int], tokens: list[int],
+                      block_size: int = 16) -> list:
+        """Logits (float32 tensors) after the prompt and after each of `tokens[:-1]` fed in turn
+        (teacher forcing), on a model runner of its own with this KV cache dtype: the engine
+        hands back tokens, not logits."""
+        from kvscope.engine.model_runner import ModelRunner, SeqChunk
+
+        blocks = -(-(len(prompt) + len(tokens)) // block_size)
+        runner = ModelRunner(self.loaded, blocks, block_size, kv_cache_dtype, self.device)
+        out, done = [], 0
+        for new in [list(prompt), *([t] for t in tokens[:-1])]:
+            end = done + len(new)
+            table = list(range(-(-end // block_size)))
+            out.append(runner.run([SeqChunk(new, done, table)])[0])
+            done = end
+        return out
 
     def one(self, engine, prompt: list[int], max_tokens: int) -> RequestOutput:
         return self.run(engine, [prompt], max_tokens)[0][0]

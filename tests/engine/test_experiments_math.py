@@ -128,7 +128,8 @@ def test_capacity_verdict_compares_fp8_to_16_bit():
 def test_fp8_agreement_and_verdict():
     assert fp8.agreement([1, 2, 3, 4], [1, 2, 9, 4]) == (3, 2)
     assert fp8.agreement([1, 2], [1, 2]) == (2, None)
-    r = fp8.summarize([[0, 4, 3, 2], [1, 4, 4, -1]], 2048, 1024)
+    r = fp8.summarize([[0, 4, 3, 2, 0.5], [1, 4, 4, -1, 0.25]], 2048, 1024)
+    assert r.verdict.endswith("1/2 prompts identical; largest logit deviation 0.5")
     assert "capacity 2.0x" in r.verdict
     assert "agree at 7/8 positions (88 %), 1/2 prompts" in r.verdict
 

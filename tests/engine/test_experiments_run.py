@@ -63,7 +63,18 @@ def test_capacity_measured_concurrency_matches_the_formula_and_fp8_doubles_it(be
 def test_fp8_halves_bytes_and_reports_agreement(bench):
     r = measure(bench, "fp8")
     assert "2048 (16-bit) -> 1024 (fp8)" in r.verdict
+    assert all(0 < row[4] < 100 for row in r.rows)  # fp8 rounding moves the logits a little
     assert all(0 <= row[2] <= row[1] == 8 for row in r.rows)
+
+
+def test_forced_logits_reproduce_the_engines_greedy_tokens(bench):
+    from kvscope.engine import SamplingParams
+
+    prompt = bench.prompt(20, seed=5)
+    engine = bench.engine(kv_cache_dtype="bfloat16")
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
+    logits = bench.forced_logits("bfloat16", prompt, out.token_ids)
+    assert [int(x.argmax()) for x in logits] == out.token_ids
 
 
 def test_block_size_hits_are_whole_blocks(bench):
