@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvscope.app import cli_attach, cli_lab, cli_serve
+from kvscope.app import cli_attach, cli_experiment, cli_lab, cli_serve
 from kvscope.app.engine_host import cpu_cores, set_engine_threads
 from kvscope.engine.block_pool import EVICTION_POLICIES
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, check_text
@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_lab.add_parser(sub)
     cli_attach.add_parser(sub)
     cli_serve.add_parser(sub)
+    cli_experiment.add_parser(sub)
     return parser
 
 

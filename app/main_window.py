@@ -31,6 +31,7 @@ from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
 from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
+from kvscope.app.panels.experiments_panel import ExperimentsPanel
 from kvscope.app.panels.lab_panel import LabPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
@@ -65,6 +66,7 @@ class MainWindow(QMainWindow):
         self._tree_due = 0.0
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
+        self._recorded_experiments = []  # measured while recording: saved when it stops
         self.worker = EngineClient(engine_setup, parent=self)
         self.live = LiveSource(self.worker)
         self.source: FrameSource = self.live
@@ -106,6 +108,8 @@ class MainWindow(QMainWindow):
         self.device = DevicePanel()
         self.lab = LabPanel()
         self.lab.open_requested.connect(self.open_lab_replay)
+        self.experiments = ExperimentsPanel()
+        self.experiments.finished.connect(self._save_experiment)
         self.docks = {}
         for name, title, widget, area in [
             ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
@@ -115,6 +119,7 @@ class MainWindow(QMainWindow):
             ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
             ("device", "Device", self.device, Qt.RightDockWidgetArea),
             ("lab", "Cache lab", self.lab, Qt.RightDockWidgetArea),
+            ("experiments", "Experiments", self.experiments, Qt.RightDockWidgetArea),
             ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
             ("events", "Events", self.events, Qt.BottomDockWidgetArea),
         ]:
@@ -126,6 +131,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
+        self.tabifyDockWidget(self.docks["device"], self.docks["experiments"])
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
         self.docks["lab"].hide()  # a tool of its own: Ctrl+Shift+L shows it
         lab = self.docks["lab"].toggleViewAction()
@@ -396,10 +402,27 @@ class MainWindow(QMainWindow):
     def _on_recording_changed(self, path, note: str) -> None:
         if path is None and self.recording_path is not None:
             self.last_session = self.recording_path
+            self._save_recorded_experiments(self.last_session)
         self.recording_path = path
         self.act_record.setChecked(path is not None)
         self.act_record.setText("Stop recording ■" if path else "Record ●")
         self.statusBar().showMessage(note if path is None else f"{note} to {path}", 8000)
+
+    def _save_experiment(self, result) -> None:
+        """A result measured while recording is kept in the recording, written when the
+        recording stops (the engine process may write the file only then)."""
+        if self.recording_path is not None:
+            self._recorded_experiments.append(result)
+
+    def _save_recorded_experiments(self, path: str) -> None:
+        from kvscope.sessions.experiments import save_experiment
+
+        results, self._recorded_experiments = self._recorded_experiments, []
+        try:
+            for result in results:
+                save_experiment(path, result)
+        except SessionError as e:
+            self.banner.show_error(f"Cannot save the experiments in the recording: {e}")
 
     def open_session_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open a recorded session", "",
@@ -416,6 +439,10 @@ class MainWindow(QMainWindow):
             return False
         self.worker.pause()
         self.set_source(source)
+        try:
+            self.experiments.show_results(source.reader.experiments())
+        except SessionError as e:
+            self.banner.show_error(f"Cannot read the session's experiments: {e}")
         return True
 
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
@@ -555,6 +582,7 @@ class MainWindow(QMainWindow):
         self._close_progress()
         self.model_name = self._loading_name
         self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
+        self.experiments.model = self.model_name
         self._demo_started = False
         self.live.reset()
         if self.source.live:

@@ -391,6 +391,16 @@ class SessionReader:
                            (request_id, self.last_step if step is None else step))
         return schema.explanation_from_row(rows[0]) if rows else None
 
+    def experiments(self) -> list:
+        """The experiment results saved in this session (kvscope.engine.experiments.Result),
+        oldest first; none in a file that never had one."""
+        from kvscope.sessions.experiments import load_experiments
+
+        try:
+            return load_experiments(self._conn, self.path)
+        except sqlite3.DatabaseError as e:
+            raise _db_error(self.path, e) from e
+
     # ---------------------------------------------------------------- replay
     def snapshot_at(self, step: int) -> Snapshot:
         """The block state at the end of `step`, equal to the live engine's snapshot then."""

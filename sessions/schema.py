@@ -23,6 +23,7 @@ A session is a SQLite file (extension ``.kvscope``). Tables:
 - ``explanations`` (since version 2): why each admitted request missed the prefix cache, as the
   engine explained it at admission (one row per admission: a preempted request is explained
   again when it is re-admitted). Version 1 files have no such table and still open.
+- ``experiments`` (optional, any version): experiment results, see experiments.py.
 - ``keyframes``: the full block state every K steps (zlib-compressed numpy arrays, little-endian
   dtypes recorded in ``layout``). ``snapshot_at(step)`` decodes the nearest keyframe at or before
   the step and replays the events that follow (see replay.py).

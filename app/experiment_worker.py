@@ -1,0 +1,41 @@
+"""The process that runs one experiment for the window (which never imports torch): JSON lines
+on stdout, {"progress": f, "text": t} while it runs, then {"result": {...}} or {"error": "..."}.
+The window cancels it by ending the process. No Qt here.
+
+    python -m kvscope.app.experiment_worker NAME [--model M] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _emit(**message) -> None:
+    print(json.dumps(message), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kvscope-experiment-worker")
+    p.add_argument("name")
+    p.add_argument("--model", default="demo")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    from kvscope.app.engine_host import set_engine_threads
+    from kvscope.engine.experiments import Control, run
+    from kvscope.engine.loader import ModelLoadError
+
+    set_engine_threads()  # all cores but the window's one
+    try:
+        result = run(args.name, args.model,
+                     Control(progress=lambda f, text: _emit(progress=f, text=text)), args.quick)
+    except (ValueError, OSError, ModelLoadError) as e:
+        _emit(error=str(e))
+        return 2
+    _emit(result=result.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Drives a real Engine for the experiments: the model loaded once, engines made per setting,
+requests run to completion while the step stream collects each step's record, progress and
+cancel checked every step. Uses the public API and the step stream only."""
+
+from __future__ import annotations
+
+import random
+
+from kvscope.engine.config import EngineConfig, SamplingParams
+from kvscope.engine.experiments.result import Control
+from kvscope.engine.metrics import StepRecord
+from kvscope.engine.outputs import RequestOutput
+from kvscope.engine.stream import StepQueue
+
+FIRST_TOKEN = 3  # below: special tokens in most vocabularies (bos, eos, pad)
+
+
+class Bench:
+    def __init__(self, model: str = "demo", control: Control | None = None, device: str = "cpu"):
+        from kvscope.engine.loader import load_model
+
+        self.model, self.device = model, device
+        self.control = control or Control()
+        self.loaded = load_model(model, device=device)
+        self.done, self.total = 0, 1
+
+    @property
+    def model_config(self):
+        return self.loaded.config
+
+    def engine(self, **config):
+        from kvscope.engine.engine import Engine
+
+        config.setdefault("device", self.device)
+        config.setdefault("num_blocks", 512)
+        return Engine(self.loaded, EngineConfig(**config))
+
+    def prompt(self, n: int, seed: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randrange(FIRST_TOKEN, self.loaded.config.vocab_size) for _ in range(n)]
+
+    def plan(self, total: int) -> None:
+        """The number of runs ahead, for the progress bar."""
+        self.done, self.total = 0, max(1, total)
+
+    def run(self, engine, prompts: list[list[int]], max_tokens: int
+            ) -> tuple[list[RequestOutput], list[StepRecord]]:
+        """All prompts at once, to completion: (final outputs in prompt order, step records)."""
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        queue = StepQueue()
+        engine.subscribe(queue)
+        try:
+            ids = [engine.add_request(p, params) for p in prompts]
+            final: dict[int, RequestOutput] = {}
+            while engine.has_unfinished():
+                self.control.tick(self.done, self.total, f"{self.model}: step")
+                final.update((o.request_id, o) for o in engine.step() if o.finished)
+        finally:
+            engine.unsubscribe(queue)
+        self.advance()
+        return [final[i] for i in ids], [u.record for u in queue.drain()]
+
+    def advance(self) -> None:
+        """One of the planned runs is done."""
+        self.done += 1
+        self.control.tick(self.done, self.total)
+
+    def forced_logits(self, kv_cache_dtype: str, prompt: list[int], tokens: list[int],
+                      block_size: int = 16) -> list:
+        """Logits (float32 tensors) after the prompt and after each of `tokens[:-1]` fed in turn
+        (teacher forcing), on a model runner of its own with this KV cache dtype: the engine
+        hands back tokens, not logits."""
+        from kvscope.engine.model_runner import ModelRunner, SeqChunk
+
+        blocks = -(-(len(prompt) + len(tokens)) // block_size)
+        runner = ModelRunner(self.loaded, blocks, block_size, kv_cache_dtype, self.device)
+        out, done = [], 0
+        for new in [list(prompt), *([t] for t in tokens[:-1])]:
+            end = done + len(new)
+            table = list(range(-(-end // block_size)))
+            out.append(runner.run([SeqChunk(new, done, table)])[0])
+            done = end
+        return out
+
+    def one(self, engine, prompt: list[int], max_tokens: int) -> RequestOutput:
+        return self.run(engine, [prompt], max_tokens)[0][0]

@@ -1,0 +1,103 @@
+"""Each experiment end to end on the demo model at its quick size: the measured rows agree with
+what the engine must do (whole-block hits, pool sizes, one row per step), progress reaches the
+end, a cancel stops a run."""
+
+import threading
+
+import pytest
+
+from kvscope.engine.experiments import EXPERIMENTS, Cancelled, Control, run
+from kvscope.engine.experiments.bench import Bench
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return Bench("demo")
+
+
+def measure(bench, name):
+    result = EXPERIMENTS[name].measure(bench, True)
+    assert result.name == name and result.rows and result.verdict
+    assert result.x in result.columns and set(result.ys) <= set(result.columns)
+    assert all(len(row) == len(result.columns) for row in result.rows)
+    return result
+
+
+def test_naive_vs_cached_has_one_row_per_step(bench):
+    # timings are not compared here (a shared machine's noise): benchmarks and the CLI do that
+    r = measure(bench, "naive-vs-cached")
+    assert r.column("context tokens") == list(range(32, 40))
+    assert all(t > 0 for t in r.column("naive ms") + r.column("cached ms"))
+
+
+def test_prompt_and_output_length_sweeps(bench):
+    p = measure(bench, "prompt-length")
+    assert p.column("prompt tokens") == [16, 32, 64]
+    o = measure(bench, "output-length")
+    assert o.column("output tokens") == [4, 8, 16]
+    assert all(t > 0 for t in o.column("total ms") + p.column("TTFT ms"))
+
+
+def test_warm_prefix_hits_whole_blocks_of_the_shared_part(bench):
+    r = measure(bench, "warm-prefix")
+    # 64-token prompts, 16-token blocks: the shared part rounded down to whole blocks
+    assert r.column("cached fraction") == [0, 0.25, 0.5, 0.75, 0.75]
+    assert r.column("ideal ms")[0] == r.column("TTFT ms")[0]
+
+
+def test_warm_up_measures_each_request(bench):
+    r = measure(bench, "warm-up")
+    assert r.column("request") == [1, 2, 3, 4, 5, 6]
+    assert all(t > 0 for t in r.column("total ms"))
+
+
+def test_capacity_measured_concurrency_matches_the_formula_and_fp8_doubles_it(bench):
+    r = measure(bench, "capacity")
+    half, fp8 = r.rows
+    cols = r.columns
+    assert fp8[cols.index("pool tokens")] == 2 * half[cols.index("pool tokens")]
+    for row in r.rows:
+        assert row[cols.index("max running")] == row[cols.index("formula requests")]
+
+
+def test_fp8_halves_bytes_and_reports_agreement(bench):
+    r = measure(bench, "fp8")
+    assert "2048 (16-bit) -> 1024 (fp8)" in r.verdict
+    assert all(0 < row[4] < 100 for row in r.rows)  # fp8 rounding moves the logits a little
+    assert all(0 <= row[2] <= row[1] == 8 for row in r.rows)
+
+
+def test_forced_logits_reproduce_the_engines_greedy_tokens(bench):
+    from kvscope.engine import SamplingParams
+
+    prompt = bench.prompt(20, seed=5)
+    engine = bench.engine(kv_cache_dtype="bfloat16")
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
+    logits = bench.forced_logits("bfloat16", prompt, out.token_ids)
+    assert [int(x.argmax()) for x in logits] == out.token_ids
+
+
+def test_block_size_hits_are_whole_blocks(bench):
+    r = measure(bench, "block-size")
+    assert r.column("hit tokens") == r.column("whole-block hit tokens")
+    assert r.column("hit tokens")[-1] == 0  # 40 shared tokens: less than one 64-token block
+
+
+def test_progress_reaches_the_end_and_cancel_stops_a_run():
+    seen = []
+    r = run("fp8", control=Control(progress=lambda f, _text: seen.append(f)), quick=True)
+    assert r.model == "demo"
+    assert seen[-1] == 1.0 and seen == sorted(seen)
+    stop = threading.Event()
+
+    def cancel_at_half(f, _text):
+        if f >= 0.5:
+            stop.set()
+
+    with pytest.raises(Cancelled):
+        run("fp8", control=Control(cancel_at_half, stop.is_set), quick=True)
+
+
+def test_an_unknown_experiment_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown experiment 'naive'; one of: naive-vs-cached"):
+        run("naive")
