@@ -31,6 +31,8 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
+
 from kvscope.app.frames import EngineInfo, Frame, RequestRow, evicted_at
 from kvscope.engine import events as ev
 from kvscope.engine.stream import StepQueue
@@ -97,6 +99,26 @@ def cpu_cores() -> int:
             else os.cpu_count() or 1)
 
 
+class SampledCounts:
+    """(step, count) at each frame sent: at most about `limit` points, every other one dropped
+    when there are more, so a long run keeps its whole span at a coarser grain."""
+
+    def __init__(self, limit: int = 4096):
+        self.steps: list[int] = []
+        self.counts: list[int] = []
+        self.limit = limit
+
+    def add(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.steps and self.steps[-1] == step:
+            self.counts[-1] = count
+        else:
+            self.steps.append(step)
+            self.counts.append(count)
+        if len(self.steps) > self.limit:
+            self.steps, self.counts = self.steps[::2], self.counts[::2]
+        return np.array(self.steps), np.array(self.counts)
+
+
 def engine_threads() -> int:
     """CPU threads for the engine: all cores but one, which the window draws on."""
     return max(1, cpu_cores() - 1)
@@ -158,6 +180,7 @@ class EngineHost:
         self.dirty = False  # something happened since the last frame
         self.pending = Frame()  # records and events not sent yet
         self.table = RequestTable()
+        self.dead_counts = SampledCounts()  # dead blocks at each frame sent, for the timeline
 
     def serve(self) -> None:
         try:
@@ -256,7 +279,7 @@ class EngineHost:
         self.engine, self.runner = engine, None
         self.sub = StepQueue()
         engine.subscribe(self.sub)
-        self.pending, self.table = Frame(), RequestTable()
+        self.pending, self.table, self.dead_counts = Frame(), RequestTable(), SampledCounts()
         loaded, runner = engine.loaded, engine.runner
         self._send("loaded", EngineInfo(
             model_name=loaded.name,
@@ -417,6 +440,7 @@ class EngineHost:
         f.snapshot = snap = engine.snapshot()
         f.evicted = evicted_at(f.events, snap.step)
         f.dead = engine.dead_blocks()
+        f.dead_counts = self.dead_counts.add(snap.step, len(f.dead))
         f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False

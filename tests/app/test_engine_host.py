@@ -143,3 +143,39 @@ def test_the_engine_keeps_its_history_and_record_saves_it_without_text(tmp_path)
     conn.send(("close",))
     host.join(10)
     assert not host.is_alive() and not os.path.exists(history)  # removed when it closes
+
+
+def test_live_frames_count_dead_blocks_over_time():
+    """Under fifo, A's chain root is evicted while its tail stays cached: the engine process's
+    frames outline the dead tail and carry its count per step for the timeline."""
+    import random
+
+    conn, host = host_in_thread()
+    conn.send(("load", "demo", EngineConfig(num_blocks=4, block_size=16,
+                                            eviction_policy="fifo")))
+    receive(conn, "loaded")
+    rng = random.Random(0)
+    a, b = [rng.randrange(100, 1000) for _ in range(33)], [rng.randrange(100, 1000)
+                                                           for _ in range(47)]
+    frames = []
+    for prompt in (a, b):
+        conn.send(("submit", prompt, SamplingParams(max_tokens=1, ignore_eos=True), None))
+        conn.send(("resume",))
+        conn.send(("ready",))
+        frames += [m[1] for m in receive(conn, "idle") if m[0] == "frame"]
+    last = frames[-1]
+    assert last.dead.tolist() == [1]
+    steps, counts = last.dead_counts
+    assert counts[-1] == 1 and counts[0] == 0 and list(steps) == sorted(set(steps))
+    conn.send(("close",))
+    host.join(10)
+
+
+def test_sampled_counts_keep_their_span_when_thinned():
+    from kvscope.app.engine_host import SampledCounts
+
+    c = SampledCounts(limit=8)
+    for step in range(20):
+        steps, counts = c.add(step, step * 2)
+    assert len(steps) <= 8 and steps[0] == 0 and steps[-1] >= 16
+    assert (counts == steps * 2).all()
