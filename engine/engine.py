@@ -34,8 +34,9 @@ FINISHED_HISTORY = 1024  # finished requests kept for cancel() and explain_miss;
 
 
 class _ForwardTimer:
-    """Forward-pass time: a monotonic clock on the CPU; CUDA events on the GPU, read after the
-    sampler has synchronised anyway, so timing adds no synchronisation of its own."""
+    """Forward-pass time: a monotonic clock on the CPU; CUDA events on the GPU. Read it after
+    sampling: sampling's one transfer has waited for the forward pass by then, so reading adds no
+    synchronisation (only a step that samples nothing, a middle prompt chunk, waits here)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -55,7 +56,11 @@ class _ForwardTimer:
             self.seconds_ = time.perf_counter() - self.t0
 
     def seconds(self) -> float:
-        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.seconds_
+        if not self.cuda:
+            return self.seconds_
+        if not self.end.query():  # nothing sampled in this step: wait for the pass to end
+            self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
 
 
 class Engine:
@@ -324,13 +329,13 @@ class Engine:
         try:
             with _ForwardTimer(self.device) as timer:
                 logits = self.runner.run([self._seq_chunk(c) for c in chunks], sched.copies)
+            timers = [timer]
         except Exception as e:  # noqa: BLE001 - isolate the culprit, serve the others
-            chunks, logits, seconds = self._run_one_by_one(chunks, sched.copies, e, outputs)
-        else:
-            seconds = timer.seconds()
-        self._account(rec, [(c.request.request_id, c.num_tokens, self._is_decode(c))
-                            for c in chunks], seconds)
+            chunks, logits, timers = self._run_one_by_one(chunks, sched.copies, e, outputs)
+        work = [(c.request.request_id, c.num_tokens, self._is_decode(c)) for c in chunks]
+        self._computed(rec.step, work)
         self._sample_all([c.request for c in chunks if self._completes(c)], logits, outputs)
+        self._account(rec, work, sum(t.seconds() for t in timers))
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
         return SeqChunk(c.request.token_ids_between(c.start, c.start + c.num_tokens), c.start,
@@ -344,8 +349,8 @@ class Engine:
         keeps every block written before it is read: a block registered in this step can only
         be hit by a request admitted after the one that registered it. A request that hit a
         block of a failed request read KV that was never written: it is preempted, to be
-        recomputed. Returns the chunks that ran, their logits and the time they took."""
-        ran, rows, seconds, poisoned = [], [], 0.0, set()
+        recomputed. Returns the chunks that ran, their logits and their timers."""
+        ran, rows, timers, poisoned = [], [], [], set()
         for i, c in enumerate(chunks):
             req = c.request
             if poisoned.intersection(self.manager.block_table(req.request_id)):
@@ -360,11 +365,11 @@ class Engine:
                 poisoned.update(self.manager.uncache(req.request_id))
                 self._fail(req, f"{type(e).__name__}: {e}", outputs)
                 continue
-            seconds += timer.seconds()
+            timers.append(timer)
             ran.append(c)
             rows.append(logits)
         logits = torch.cat(rows) if rows else torch.empty(0)
-        return ran, logits, seconds
+        return ran, logits, timers
 
     def _step_naive(self, rec: StepRecord, now: float, outputs: list[RequestOutput]) -> None:
         """Recompute every running sequence from scratch: no KV cache at all."""
@@ -380,9 +385,9 @@ class Engine:
         try:
             with _ForwardTimer(self.device) as timer:
                 logits = self.runner.run_naive([r.all_token_ids for r in reqs])
-            seconds = timer.seconds()
+            timers = [timer]
         except Exception:  # noqa: BLE001 - isolate the culprit, serve the others
-            ok, rows, seconds = [], [], 0.0
+            ok, rows, timers = [], [], []
             for r in reqs:
                 try:
                     with _ForwardTimer(self.device) as timer:
@@ -390,12 +395,13 @@ class Engine:
                 except Exception as e:  # noqa: BLE001
                     self._fail(r, f"{type(e).__name__}: {e}", outputs)
                     continue
-                seconds += timer.seconds()
+                timers.append(timer)
                 ok.append(r)
             reqs, logits = ok, (torch.cat(rows) if rows else torch.empty(0))
-        self._account(rec, [(r.request_id, r.num_tokens, bool(r.output_token_ids))
-                            for r in reqs], seconds)
+        work = [(r.request_id, r.num_tokens, bool(r.output_token_ids)) for r in reqs]
+        self._computed(rec.step, work)
         self._sample_all(reqs, logits, outputs)
+        self._account(rec, work, sum(t.seconds() for t in timers))
 
     @staticmethod
     def _is_decode(c: ScheduledChunk) -> bool:
@@ -407,13 +413,17 @@ class Engine:
         """After this chunk every known token is computed: the request samples a token."""
         return c.start + c.num_tokens == c.request.num_tokens
 
+    def _computed(self, step: int, work: list[tuple[int, int, bool]]) -> None:
+        """work: (request id, tokens computed, is a decode) per sequence of the forward pass.
+        Published before sampling, so a request's prefill/decode precedes its finish."""
+        for rid, n, is_decode in work:
+            self.events.emit(ev.DECODE if is_decode else ev.PREFILL, step, rid, detail=str(n))
+
     def _account(self, rec: StepRecord, work: list[tuple[int, int, bool]],
                  seconds: float) -> None:
         """work: (request id, tokens computed, is a decode) per sequence of the step's forward
         pass. Prefill and decode share that one pass: its time is split between them in
         proportion to their tokens."""
-        for rid, n, is_decode in work:
-            self.events.emit(ev.DECODE if is_decode else ev.PREFILL, rec.step, rid, detail=str(n))
         decode = sum(n for _, n, is_decode in work if is_decode)
         prefill = sum(n for _, n, _ in work) - decode
         rec.prefill_tokens, rec.decode_tokens = prefill, decode
