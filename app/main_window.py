@@ -47,6 +47,25 @@ TREE_HZ = 4  # the prefix tree is rebuilt at most this often
 DEMO_WORKLOAD = "shared_system_prompt.jsonl"
 
 
+# The smallest size each dock's panel is readable at (a restored layout never goes below it).
+MIN_SIZES = {"requests": (260, 180), "composer": (200, 120), "tree": (200, 150),
+             "details": (200, 80), "capacity": (200, 150), "device": (200, 120),
+             "timeline": (300, 150), "events": (300, 100)}
+
+
+def _dock_layout(w) -> list:
+    return [
+        ("requests", "Requests", w.requests, Qt.LeftDockWidgetArea),
+        ("composer", "Prompt", w.composer, Qt.LeftDockWidgetArea),
+        ("tree", "Prefix tree", w.tree, Qt.RightDockWidgetArea),
+        ("details", "Details / Why it missed", w.details, Qt.RightDockWidgetArea),
+        ("capacity", "Capacity", w.capacity, Qt.RightDockWidgetArea),
+        ("device", "Device", w.device, Qt.RightDockWidgetArea),
+        ("timeline", "Timeline", w.timeline, Qt.BottomDockWidgetArea),
+        ("events", "Events", w.events, Qt.BottomDockWidgetArea),
+    ]
+
+
 def workloads_dir() -> Path:
     return Path(os.fspath(importlib.resources.files("kvscope.resources") / "workloads"))
 
@@ -69,6 +88,7 @@ class MainWindow(QMainWindow):
         self.source: FrameSource = self.live
         self._build_panels()
         self._build_toolbar()
+        self._build_menus()
         self._connect_worker()
         self.selection.step_changed.connect(self._on_cursor)
         self.status = StatusLine()
@@ -104,26 +124,53 @@ class MainWindow(QMainWindow):
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
         self.docks = {}
-        for name, title, widget, area in [
-            ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
-            ("composer", "Prompt", self.composer, Qt.LeftDockWidgetArea),
-            ("tree", "Prefix tree", self.tree, Qt.RightDockWidgetArea),
-            ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
-            ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
-            ("device", "Device", self.device, Qt.RightDockWidgetArea),
-            ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
-            ("events", "Events", self.events, Qt.BottomDockWidgetArea),
-        ]:
+        for name, title, widget, _area in _dock_layout(self):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{name}")
             dock.setWidget(widget)
-            self.addDockWidget(area, dock)
             self.docks[name] = dock
+        for name, (w, h) in MIN_SIZES.items():  # a restored layout never squeezes them more
+            self.docks[name].widget().setMinimumSize(w, h)
+        self._place_docks()
+
+    def _place_docks(self) -> None:
+        """The default layout: requests left, tree and details right, timeline below."""
+        for name, _title, _widget, area in _dock_layout(self):
+            dock = self.docks[name]
+            dock.setFloating(False)
+            self.addDockWidget(area, dock)
+            dock.show()
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
+
+    def _default_sizes(self) -> None:
+        """Dock sizes as shares of the window, so a small window gets a usable layout too."""
+        w, h = self.width(), self.height()
+        self.resizeDocks([self.docks["requests"], self.docks["tree"]],
+                         [int(w * 0.33), int(w * 0.27)], Qt.Horizontal)
+        self.resizeDocks([self.docks["timeline"]], [int(h * 0.3)], Qt.Vertical)
+        self.resizeDocks([self.docks["requests"], self.docks["composer"]],
+                         [int(h * 0.4), MIN_SIZES["composer"][1]], Qt.Vertical)
+
+    def reset_layout(self) -> None:
+        size = self.size()  # re-adding the docks stacks them for a moment: the window would grow
+        self._place_docks()
+        self.resize(size)
+        self._default_sizes()
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        for a in (self.act_open_model, self.act_workload, self.act_open_session,
+                  self.act_record, self.act_export):
+            file_menu.addAction(a)
+        self.view_menu = self.menuBar().addMenu("&View")
+        for dock in self.docks.values():
+            self.view_menu.addAction(dock.toggleViewAction())
+        self.view_menu.addSeparator()
+        self.act_reset_layout = self.view_menu.addAction("Reset layout", self.reset_layout)
 
     def _build_toolbar(self) -> None:
         tb = self.addToolBar("Main")
@@ -137,7 +184,6 @@ class MainWindow(QMainWindow):
         tb.addWidget(QLabel(" Model "))
         tb.addWidget(self.model_box)
         self.act_open_model = self._action("Open model folder…", "Ctrl+L", self.open_model_folder)
-        tb.addAction(self.act_open_model)
         tb.addSeparator()
         self.act_demo = self._action("Run demo ▶", "F5", self.run_or_resume)
         self.act_workload = self._action("Run workload…", "Ctrl+W", self.open_workload)
@@ -155,9 +201,13 @@ class MainWindow(QMainWindow):
         self.act_record.setCheckable(True)
         self.act_open_session = self._action("Open session…", "Ctrl+O", self.open_session_dialog)
         self.act_export = self._action("Export…", "Ctrl+E", self.export_dialog)
-        for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step,
-                  self.act_follow, self.act_record, self.act_open_session, self.act_export):
+        for a in (self.act_demo, self.act_pause, self.act_step, self.act_follow, self.act_record,
+                  self.act_open_session):
             tb.addAction(a)
+        # "Stop recording ■" is wider than "Record ●": the button keeps the wider width, so
+        # the toolbar never shifts when recording starts or stops.
+        record = tb.widgetForAction(self.act_record)
+        record.setFixedWidth(record.fontMetrics().horizontalAdvance("Stop recording ■") + 16)
         self.addAction(self.act_filter)
         tb.addSeparator()
         self.prefix_box = QCheckBox("prefix cache")
@@ -224,11 +274,7 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1400, 900)
         if state is None or not self.restoreState(state):
-            self.resizeDocks([self.docks["requests"], self.docks["tree"]], [460, 380],
-                             Qt.Horizontal)
-            self.resizeDocks([self.docks["timeline"]], [330], Qt.Vertical)
-            self.resizeDocks([self.docks["requests"], self.docks["composer"]], [420, 200],
-                             Qt.Vertical)
+            self._default_sizes()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.settings.setValue("geometry", self.saveGeometry())

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QTableView,
     QTextEdit,
@@ -119,6 +120,8 @@ class RequestsPanel(QWidget):
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
         self.table.setWordWrap(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        self.table.resizeColumnsToContents()  # the headers' widths: no scroll bar while empty
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.cancel_button = QPushButton("Cancel request")
         self.explain_button = QPushButton("Why did this miss?")
@@ -141,11 +144,17 @@ class RequestsPanel(QWidget):
         bottom_layout = QVBoxLayout(bottom)
         bottom_layout.setContentsMargins(0, 0, 0, 0)
         self.block_table_title = QLabel("Block table")
+        self.block_table_title.setWordWrap(True)  # a long title wraps, never widens the window
+        self.block_table_title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         bottom_layout.addWidget(self.block_table_title)
         bottom_layout.addWidget(self.block_table)
         split = QSplitter(Qt.Vertical)
         split.addWidget(top)
         split.addWidget(bottom)
+        self.block_table.setMinimumHeight(self.fontMetrics().height() * 2)
+        split.setStretchFactor(0, 3)  # the table gets the room; the block table scrolls
+        split.setStretchFactor(1, 1)
+        split.setSizes([300, 100])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(split)
