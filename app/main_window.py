@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app import palette
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.frames import EngineInfo, Frame
@@ -93,6 +94,9 @@ class MainWindow(QMainWindow):
         self.selection.step_changed.connect(self._on_cursor)
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
+        self.recording_label = QLabel()  # says "● recording <file>" while recording
+        self.recording_label.setStyleSheet(f"color: {palette.EVICTED_COLOR}")
+        self.statusBar().addPermanentWidget(self.recording_label)
         self.frame_timer = QTimer(self)
         self.frame_timer.timeout.connect(self.pull_frame)
         self.frame_timer.start(FRAME_MS)
@@ -194,6 +198,8 @@ class MainWindow(QMainWindow):
         self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
         self.act_back = self._action("Step back", "Left", lambda: self.move_cursor(-1))
         self.act_back.setToolTip("The previous step (←): live, this looks back in the history")
+        self.act_first = self._action("First step", "Home", self.first_step)
+        self.act_first.setToolTip("The first step kept (Home), live or in replay")
         self.act_follow = self._action("Follow live", "End", self.follow)
         self.act_follow.setToolTip("Show the newest step again (End); in replay, the last step")
         self.act_follow.setEnabled(False)
@@ -373,6 +379,11 @@ class MainWindow(QMainWindow):
         now = self.selection.step if self.selection.step is not None else steps[1]
         self.selection.select_step(max(steps[0], min(steps[1], now + delta)))
 
+    def first_step(self) -> None:
+        steps = self.source.step_range()
+        if steps is not None:
+            self.selection.select_step(steps[0])
+
     def follow(self) -> None:
         """End: back to the newest step (live), or the last step (replay)."""
         steps = self.source.step_range()
@@ -380,7 +391,7 @@ class MainWindow(QMainWindow):
 
     def _on_cursor(self, step: int | None) -> None:
         """The time cursor moved: every panel shows that step."""
-        self.act_follow.setEnabled(self.source.live and step is not None)
+        self.act_follow.setEnabled(not self.source.live or step is not None)  # End in replay
         steps = self.source.step_range()
         if self.source.live and (step is None or steps is None or step >= steps[1]):
             if step is not None:
@@ -427,6 +438,7 @@ class MainWindow(QMainWindow):
         self.recording_path = path
         self.act_record.setChecked(path is not None)
         self.act_record.setText("Stop recording ■" if path else "Record ●")
+        self.recording_label.setText(f"● recording {Path(path).name}" if path else "")
         self.statusBar().showMessage(note if path is None else f"{note} to {path}", 8000)
 
     def open_session_dialog(self) -> None:
@@ -603,7 +615,9 @@ class MainWindow(QMainWindow):
         self.status.setText("no model loaded")
 
     def _on_running_changed(self, running: bool) -> None:
-        self.running = running
+        self.running = running  # the status bar says running or paused at once
+        self.status.show_frame(self.snapshot, [], self.source, self.selection.step,
+                               self.model_name, self.engine, running)
 
     # -------------------------------------------------------------- frames
     def pull_frame(self) -> None:

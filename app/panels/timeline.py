@@ -260,7 +260,6 @@ class Timeline(QWidget):
             if p.sceneBoundingRect().contains(event.scenePos()):
                 x = p.vb.mapSceneToView(event.scenePos()).x()
                 if len(self.data["step"]):
-                    i = int(np.clip(np.searchsorted(self.data["step"], x), 0,
-                                    len(self.data["step"]) - 1))
-                    self.step_clicked.emit(int(self.data["step"][i]))
+                    steps = self.data["step"]  # the step nearest the click
+                    self.step_clicked.emit(int(steps[np.abs(steps - x).argmin()]))
                 return

@@ -113,3 +113,28 @@ def test_a_squeezed_layout_is_never_restored_below_the_docks_minimums(qtbot, tmp
             w, h = MIN_SIZES[name]
             assert dock.widget().width() >= w and dock.widget().height() >= h, name
     big.close()
+
+
+def test_recording_never_shifts_the_toolbar_and_the_status_bar_says_running_paused_recording(
+        window, qtbot, tmp_path):
+    tb = window.findChild(QToolBar, "toolbar_main")
+    record = tb.widgetForAction(window.act_record)
+    after = tb.widgetForAction(window.act_open_session)
+    before = (record.width(), after.x())
+    window.setFocus()
+    qtbot.keyClick(window, Qt.Key_F5)
+    qtbot.waitUntil(lambda: window.status.text().endswith("· running"), timeout=10_000)
+    qtbot.mouseClick(tb.widgetForAction(window.act_pause), Qt.LeftButton)
+    qtbot.waitUntil(lambda: window.status.text().endswith("· paused"), timeout=10_000)
+    assert not window.running
+    path = tmp_path / "s.kvscope"
+    window.start_recording(str(path))
+    qtbot.waitUntil(lambda: window.recording_path == str(path), timeout=5000)
+    assert window.act_record.text() == "Stop recording ■"
+    assert window.recording_label.isVisible()
+    assert window.recording_label.text() == "● recording s.kvscope"
+    assert (record.width(), after.x()) == before
+    qtbot.mouseClick(record, Qt.LeftButton)  # stop
+    qtbot.waitUntil(lambda: window.recording_path is None, timeout=5000)
+    assert window.recording_label.text() == "" and window.act_record.text() == "Record ●"
+    assert (record.width(), after.x()) == before
