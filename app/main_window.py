@@ -46,6 +46,7 @@ from kvscope.sessions import SessionError
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
 DEMO_WORKLOAD = "shared_system_prompt.jsonl"
+DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
 
 
 # The smallest size each dock's panel is readable at (a restored layout never goes below it).
@@ -207,8 +208,15 @@ class MainWindow(QMainWindow):
         self.act_record.setCheckable(True)
         self.act_open_session = self._action("Open session…", "Ctrl+O", self.open_session_dialog)
         self.act_export = self._action("Export…", "Ctrl+E", self.export_dialog)
-        for a in (self.act_demo, self.act_pause, self.act_step, self.act_follow, self.act_record,
-                  self.act_open_session):
+        for a in (self.act_demo, self.act_pause, self.act_step):
+            tb.addAction(a)
+        self.pace_box = QSpinBox(minimum=0, maximum=1000, value=DEMO_PACE, suffix=" steps/s")
+        self.pace_box.setSpecialValueText("max speed")
+        self.pace_box.setToolTip("How many steps a second the engine runs (0: as fast as it "
+                                 "can); slow enough to watch by default")
+        self.pace_box.valueChanged.connect(self.worker.pace)
+        tb.addWidget(self.pace_box)
+        for a in (self.act_follow, self.act_record, self.act_open_session):
             tb.addAction(a)
         # "Stop recording ■" is wider than "Record ●": the button keeps the wider width, so
         # the toolbar never shifts when recording starts or stops.
@@ -578,6 +586,7 @@ class MainWindow(QMainWindow):
         self.model_name = self._loading_name
         self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
         self._demo_started = False
+        self.worker.pace(self.pace_box.value())  # a new engine process: tell it the pace
         self.live.reset()
         if self.source.live:
             self.set_source(self.live)

@@ -138,3 +138,21 @@ def test_recording_never_shifts_the_toolbar_and_the_status_bar_says_running_paus
     qtbot.waitUntil(lambda: window.recording_path is None, timeout=5000)
     assert window.recording_label.text() == "" and window.act_record.text() == "Record ●"
     assert (record.width(), after.x()) == before
+
+
+def test_the_pace_box_slows_the_demo_to_a_watchable_rate(window, qtbot):
+    import time
+
+    window.pace_box.setFocus()
+    window.pace_box.lineEdit().selectAll()
+    qtbot.keyClicks(window.pace_box.lineEdit(), "5")
+    qtbot.keyClick(window.pace_box.lineEdit(), Qt.Key_Return)
+    assert window.pace_box.value() == 5
+    window.setFocus()
+    qtbot.keyClick(window, Qt.Key_F5)
+    qtbot.waitUntil(lambda: window.engine.num_steps >= 1, timeout=10_000)
+    first, t0 = window.engine.num_steps, time.monotonic()
+    qtbot.wait(1500)
+    steps, elapsed = window.engine.num_steps - first, time.monotonic() - t0
+    assert 1 <= steps <= elapsed * 5 + 2, (steps, elapsed)  # at most 5 a second
+    window.pause()
