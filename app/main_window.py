@@ -45,7 +45,7 @@ from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
-DEMO_WORKLOAD = "shared_system_prompt.jsonl"
+DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
 DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
 
 

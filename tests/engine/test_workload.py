@@ -23,7 +23,8 @@ from kvscope.engine.workload import (
 )
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
-SHIPPED = ("shared_system_prompt", "multi_turn_chat", "eviction_pressure", "two_tenants")
+SHIPPED = ("shared_system_prompt", "multi_turn_chat", "eviction_pressure", "two_tenants",
+           "demo")
 BS = 4
 
 
