@@ -52,7 +52,7 @@ DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks com
 # The smallest size each dock's panel is readable at (a restored layout never goes below it).
 MIN_SIZES = {"requests": (260, 180), "composer": (200, 120), "tree": (200, 150),
              "details": (200, 80), "capacity": (200, 150), "device": (200, 120),
-             "timeline": (300, 150), "events": (300, 100)}
+             "timeline": (300, 170), "events": (300, 100)}
 
 
 def _dock_layout(w) -> list:

@@ -26,6 +26,7 @@ FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", 
 # (a timer draws them when steps stop coming): redrawing the curves costs the same for one new
 # step as for a pixel's worth of them.
 MAX_WAIT_S = 0.25
+LABELS_MIN_HEIGHT = 300  # px of timeline under which the axis titles are hidden
 HOVER_HINT = "Hover a step for its values; drag or wheel to pan and zoom, F or double-click fits"
 
 
@@ -83,16 +84,15 @@ class Timeline(QWidget):
         self.redrew = False  # the last frame redrew the curves (the costly case)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
-        self.readout = QLabel(HOVER_HINT)  # the values at the step under the mouse
+        # One line: the legend, or the values at the step under the mouse.
+        self.readout = QLabel()
+        self.readout.setToolTip(HOVER_HINT)
         self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.follow_button = QPushButton("Follow ⇥")
         self.follow_button.setToolTip("Show every step and follow the newest again "
                                       "(double-click or F)")
         self.follow_button.clicked.connect(self.fit)
         self.follow_button.hide()
-        self.legend = QLabel()
-        self.legend.setWordWrap(True)
-        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         top = QHBoxLayout()
         top.addWidget(self.readout, 1)
         top.addWidget(self.follow_button)
@@ -100,7 +100,6 @@ class Timeline(QWidget):
         layout.setContentsMargins(2, 2, 2, 2)
         layout.setSpacing(1)
         layout.addLayout(top)
-        layout.addWidget(self.legend)
         layout.addWidget(self.glw)
         QShortcut(QKeySequence("F"), self, self.fit, context=Qt.WidgetWithChildrenShortcut)
         self.grids: list[Grid] = []
@@ -133,7 +132,8 @@ class Timeline(QWidget):
         self.free_curve = self._curve(self.block_plot, "#999999", "free")
         self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR, "token hit rate")
         self.markers = EventMarkers(self.time_plot)  # after the curves: drawn over them
-        self.legend.setText(self._legend_html())
+        self.legend = self._legend_html()
+        self.readout.setText(self.legend)
         # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
         self.total_bars = self._bars(self.time_plot, palette.DECODE_COLOR)
         self.prefill_bars = self._bars(self.time_plot, palette.PREFILL_COLOR)
@@ -270,6 +270,13 @@ class Timeline(QWidget):
         (x0, x1), _ = self.time_plot.vb.viewRange()
         return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        # Short plots have no room for their rotated axis titles (they would overlap): the
+        # legend line names the curves instead.
+        for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
+            p.getAxis("left").showLabel(self.height() >= LABELS_MIN_HEIGHT)
+
     def showEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
         if self._pending:
@@ -358,7 +365,7 @@ class Timeline(QWidget):
         if event.type() == QEvent.Leave:
             for line in self.hover_lines:
                 line.hide()
-            self.readout.setText(HOVER_HINT)
+            self.readout.setText(self.legend)
         elif event.type() == QEvent.MouseButtonDblClick:
             self.fit()
         return False
