@@ -45,6 +45,7 @@ from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
+LOAD_DIALOG_MS = 300  # a load still running after this shows a dialog that can cancel it
 DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
 DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
 
@@ -311,7 +312,8 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, self)
         self.progress.setWindowTitle("kvscope")
-        self.progress.setMinimumDuration(300)
+        self.progress.setMinimumDuration(LOAD_DIALOG_MS)
+        self.progress.setValue(0)  # starts the dialog's clock: without it, it waits 4 s
         self.progress.canceled.connect(self._on_load_cancelled)
         self.status.setText(f"loading {name}…")
         self.worker.load(name, self.engine_config())
