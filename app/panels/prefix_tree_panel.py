@@ -33,7 +33,8 @@ def node_text(node: TreeNode, snap: Snapshot) -> str:
     first, last = node.blocks[0], node.blocks[-1]
     span = f"block {first}" if node.count == 1 else f"{node.count} blocks {first}…{last}"
     owners = sorted(r for r, t in snap.block_tables.items() if first in t)
-    text = f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hits {node.hits}"
+    text = (f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hit by {node.hits} "
+            f"request{'s' if node.hits != 1 else ''}")
     if owners:
         text += " · owners " + " ".join(f"#{r}" for r in owners)
     return text
@@ -41,7 +42,7 @@ def node_text(node: TreeNode, snap: Snapshot) -> str:
 
 def label_text(node: TreeNode) -> str:
     return ((f"×{node.count}" if node.count > 1 else "")
-            + (f" {node.hits} hits" if node.hits else "")).strip()
+            + (f" hit by {node.hits}" if node.hits else "")).strip()
 
 
 class PrefixTreePanel(QWidget):
