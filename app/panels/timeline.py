@@ -16,12 +16,19 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVB
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.plot_grid import Grid
-from kvscope.app.panels.timeline_parts import MARKERS, EventMarkers, StepAxis, readout
+from kvscope.app.panels.timeline_parts import (
+    MARKERS,
+    EventMarkers,
+    StepAxis,
+    range_stats,
+    readout,
+)
 from kvscope.app.selection import Selection
+from kvscope.engine import events as ev
 from kvscope.engine.metrics import StepRecord
 
-FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
-          "active", "cached", "free", "hit_tokens", "query_tokens")
+FIELDS = ("step", "start_s", "wall_s", "prefill_ms", "decode_ms", "prefill_tokens",
+          "decode_tokens", "batch", "active", "cached", "free", "hit_tokens", "query_tokens")
 # New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long
 # (a timer draws them when steps stop coming): redrawing the curves costs the same for one new
 # step as for a pixel's worth of them.
@@ -93,6 +100,12 @@ class Timeline(QWidget):
                                       "(double-click or F)")
         self.follow_button.clicked.connect(self.fit)
         self.follow_button.hide()
+        self.range_label = QLabel()  # a shift-dragged range's numbers
+        self.range_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.range_label.hide()
+        self.region = pg.LinearRegionItem(movable=False, brush=pg.mkBrush(0, 0, 0, 30))
+        self.region.hide()
+        self._drag_from: float | None = None
         top = QHBoxLayout()
         top.addWidget(self.readout, 1)
         top.addWidget(self.follow_button)
@@ -100,6 +113,7 @@ class Timeline(QWidget):
         layout.setContentsMargins(2, 2, 2, 2)
         layout.setSpacing(1)
         layout.addLayout(top)
+        layout.addWidget(self.range_label)
         layout.addWidget(self.glw)
         QShortcut(QKeySequence("F"), self, self.fit, context=Qt.WidgetWithChildrenShortcut)
         self.grids: list[Grid] = []
@@ -132,6 +146,7 @@ class Timeline(QWidget):
         self.free_curve = self._curve(self.block_plot, "#999999", "free")
         self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR, "token hit rate")
         self.markers = EventMarkers(self.time_plot)  # after the curves: drawn over them
+        self.time_plot.addItem(self.region)
         self.legend = self._legend_html()
         self.readout.setText(self.legend)
         # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
@@ -223,6 +238,8 @@ class Timeline(QWidget):
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
         self.markers.clear()
+        self.region.hide()
+        self.range_label.hide()
         self.fit()  # a new run: follow it again
         self._redraw()
 
@@ -242,6 +259,8 @@ class Timeline(QWidget):
             return False
         cols = {
             "step": [r.step for r in records],
+            "start_s": [r.start_s for r in records],
+            "wall_s": [r.wall_s for r in records],
             "prefill_ms": [r.prefill_s * 1e3 for r in records],
             "decode_ms": [r.decode_s * 1e3 for r in records],
             "prefill_tokens": [r.prefill_tokens for r in records],
@@ -368,7 +387,30 @@ class Timeline(QWidget):
             self.readout.setText(self.legend)
         elif event.type() == QEvent.MouseButtonDblClick:
             self.fit()
+        elif event.type() in (QEvent.MouseButtonPress, QEvent.MouseMove,
+                              QEvent.MouseButtonRelease):
+            return self._select_range(event)
         return False
+
+    def _select_range(self, event) -> bool:
+        """Shift+drag selects a range of steps and shows its numbers (a plain drag pans)."""
+        if event.type() == QEvent.MouseButtonPress:
+            if not event.modifiers() & Qt.ShiftModifier or not len(self.data["step"]):
+                return False
+            x = self.time_plot.vb.mapSceneToView(self.glw.mapToScene(event.position().toPoint()))
+            self._drag_from = x.x()
+        if self._drag_from is None:
+            return False
+        x = self.time_plot.vb.mapSceneToView(
+            self.glw.mapToScene(event.position().toPoint())).x()
+        lo, hi = sorted((self._drag_from, x))
+        self.region.setRegion((lo, hi))
+        self.region.show()
+        self.range_label.setText(range_stats(self.data, lo, hi, self.markers.steps[ev.EVICTED]))
+        self.range_label.show()
+        if event.type() == QEvent.MouseButtonRelease:
+            self._drag_from = None
+        return True
 
     def _on_click(self, event) -> None:
         i = self._step_index(event.scenePos())

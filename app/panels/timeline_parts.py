@@ -72,3 +72,22 @@ def readout(data: dict[str, np.ndarray], i: int, events: list[str]) -> str:
             f"{int(data['batch'][i])} · blocks {int(data['active'][i])} active / "
             f"{int(data['cached'][i])} cached / {int(data['free'][i])} free · hit {hit}")
     return text + "".join(f" · {e}" for e in events)
+
+
+def range_stats(data: dict[str, np.ndarray], lo: float, hi: float, evictions: list[int]) -> str:
+    """The numbers of the steps from lo to hi: steps, wall time, tokens, mean and p95 step
+    time, token hit rate, evictions."""
+    steps = data["step"]
+    a, b = int(np.searchsorted(steps, lo)), int(np.searchsorted(steps, hi, side="right"))
+    if b <= a:
+        return "no steps in the range"
+    ms = data["prefill_ms"][a:b] + data["decode_ms"][a:b]
+    wall = data["start_s"][b - 1] + data["wall_s"][b - 1] - data["start_s"][a]
+    hit = data["hit_tokens"][b - 1] - (data["hit_tokens"][a - 1] if a else 0)
+    query = data["query_tokens"][b - 1] - (data["query_tokens"][a - 1] if a else 0)
+    tokens = int((data["prefill_tokens"][a:b] + data["decode_tokens"][a:b]).sum())
+    evicted = sum(1 for s in evictions if steps[a] <= s <= steps[b - 1])
+    hit_text = f"{100 * hit / query:.0f} %" if query else "–"
+    return (f"steps {int(steps[a])}–{int(steps[b - 1])} ({b - a}) · {wall:.2f} s · {tokens} "
+            f"tokens · step time mean {ms.mean():.1f} ms, p95 {np.percentile(ms, 95):.1f} ms · "
+            f"hit {hit_text} · {evicted} steps with evictions")

@@ -139,3 +139,25 @@ def test_the_legend_names_every_curve_in_its_colour_and_every_marker(timeline):
     for label in ("prefill ms", "decode ms", "batch (right axis)", "hit %", "eviction",
                   "preemption", "rejection", "cancellation"):
         assert label in text
+
+
+def test_shift_drag_selects_a_range_and_shows_its_numbers(timeline, qtbot):
+    t = timeline
+    vp = t.glw.viewport()
+    qtbot.mousePress(vp, Qt.LeftButton, Qt.ShiftModifier, at_step(t, t.block_plot, 10))
+    qtbot.mouseMove(vp, at_step(t, t.block_plot, 15))
+    qtbot.mouseRelease(vp, Qt.LeftButton, Qt.ShiftModifier, at_step(t, t.block_plot, 19.9))
+    assert t.following  # a shift-drag does not pan
+    lo, hi = t.region.getRegion()
+    assert 9.5 < lo < 10.5 and 19.5 < hi < 20.4
+    rs = records(100)[10:20]
+    ms = np.array([(r.prefill_s + r.decode_s) * 1e3 for r in rs])
+    tokens = sum(r.prefill_tokens + r.decode_tokens for r in rs)
+    wall = rs[-1].start_s + rs[-1].wall_s - rs[0].start_s
+    hit = 100 * sum(r.hit_tokens for r in rs) / sum(r.query_tokens for r in rs)
+    text = t.range_label.text()
+    assert text.startswith("steps 10–19 (10) · ") and f"{wall:.2f} s" in text
+    assert f"{tokens} tokens" in text and f"mean {ms.mean():.1f} ms" in text
+    assert f"p95 {np.percentile(ms, 95):.1f} ms" in text and f"hit {hit:.0f} %" in text
+    t.clear()
+    assert not t.range_label.isVisible()
