@@ -62,7 +62,7 @@ class PrefixTreePanel(QWidget):
         self.plot.setMenuEnabled(False)
         self.vb = self.plot.plotItem.vb
         self.edges = pg.PlotCurveItem(pen=pg.mkPen("#9a9a9a", width=1), connect="pairs")
-        self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True)
+        self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True, tip=None)  # ours, in words
         self.outline = pg.ScatterPlotItem(pxMode=True, brush=None, symbol="o",
                                           pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
         self.plot.addItem(self.edges)
@@ -303,8 +303,11 @@ class PrefixTreePanel(QWidget):
             self.fit()
 
     def _on_hover(self, item, points, ev) -> None:
+        text = ""
         if len(points) and self.snapshot is not None:
-            self.info.setText(node_text(self.flat[points[0].data()], self.snapshot))
+            text = node_text(self.flat[points[0].data()], self.snapshot)
+            self.info.setText(text)
+        self.plot.setToolTip(text)
 
     def _on_click(self, item, points, ev) -> None:
         if len(points):

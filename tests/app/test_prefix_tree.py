@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 from image_compare import ARTIFACTS, to_array
+from PySide6.QtCore import QPointF
 
 from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel, label_text, node_text
 from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
@@ -344,3 +345,22 @@ def test_a_collapsed_run_counts_the_requests_that_hit_it_not_hits_times_blocks()
     assert run.hits == 2  # two requests, not 2 x 5 block hits
     assert label_text(run) == "×5 hit by 2"
     assert "hit by 2 requests" in node_text(run, snap)
+
+
+def test_hovering_a_node_explains_it_in_words_not_raw_coordinates(qtbot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(480, 360)
+    panel.show()
+    qtbot.waitExposed(panel)
+    snap = two_diverging_requests().snapshot()
+    panel.set_snapshot(snap)
+    qtbot.wait(50)
+    (shared,) = [n for n in panel.flat if n.state == SHARED]
+    x, y = panel.nodes.getData()
+    i = panel.flat.index(shared)
+    scene = panel.vb.mapViewToScene(QPointF(float(x[i]), float(y[i])))
+    qtbot.mouseMove(panel.plot.viewport(), panel.plot.mapFromScene(scene))
+    qtbot.waitUntil(lambda: panel.plot.toolTip() == node_text(shared, snap))
+    assert panel.plot.toolTip().startswith("5 blocks") and "x:" not in panel.plot.toolTip()
+    assert panel.info.text() == panel.plot.toolTip()
