@@ -4,7 +4,7 @@ the requests table shows its rows, docks can be shown, hidden and reset from the
 from __future__ import annotations
 
 import pytest
-from conftest import step
+from conftest import open_window, step
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QToolBar
 
@@ -64,8 +64,6 @@ def test_the_requests_table_shows_five_rows_at_1280x720(qtbot, tmp_path, reset):
 
 
 def test_selecting_a_request_with_a_long_block_table_keeps_the_window_width(qtbot, tmp_path):
-    from conftest import open_window
-
     w = open_window(qtbot, tmp_path)
     w.resize(1280, 720)
     w.resizeDocks([w.docks["requests"]], [300], Qt.Horizontal)  # narrower than the title

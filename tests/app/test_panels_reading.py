@@ -75,7 +75,8 @@ def test_the_cancel_load_dialog_appears_after_a_third_of_a_second(qtbot, tmp_pat
     t0 = time.monotonic()
     w.load_model("demo")  # a new engine process imports torch first: seconds
     qtbot.waitUntil(w.progress.isVisible, timeout=2500)  # well before the old 4 s
-    assert w.engine is None and time.monotonic() - t0 >= LOAD_DIALOG_MS / 1000
+    # Not before its time (Qt's coarse timers may fire a few percent early).
+    assert w.engine is None and time.monotonic() - t0 >= 0.8 * LOAD_DIALOG_MS / 1000
     qtbot.waitUntil(lambda: w.engine is not None, timeout=LOAD_TIMEOUT_MS)
     qtbot.waitUntil(lambda: not w.progress.isVisible())
     w.close()
