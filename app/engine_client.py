@@ -147,6 +147,10 @@ class EngineClient(QObject):
     def pause(self) -> None:
         self._send("pause")
 
+    def pace(self, steps_per_second: float) -> None:
+        """Running steps at most this often (0: as fast as the engine can)."""
+        self._send("pace", steps_per_second)
+
     def step_once(self) -> None:
         self._send("step")
 

@@ -5,11 +5,11 @@ The window talks to it over a socket wrapped in a `multiprocessing` Connection
 interpreter lock with drawing, so the window can take its time painting without slowing a step.
 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
-cancel, reset_prefix_cache, record, stop_record, ready (the window took the last frame), ping,
-close. Messages out: loaded (EngineInfo), load_failed, error (the engine paused on an exception),
-request_failed (one request's forward pass or sampling raised; the others run on), rejected
-(a submit that could not be queued), submitted (its request id), running, recording, idle,
-frame, pong.
+pace (steps per second while running, 0: as fast as it can), cancel, reset_prefix_cache, record,
+stop_record, ready (the window took the last frame), ping, close. Messages out: loaded
+(EngineInfo), load_failed, error (the engine paused on an exception), request_failed (one
+request's forward pass or sampling raised; the others run on), rejected (a submit that could
+not be queued), submitted (its request id), running, recording, idle, frame, pong.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -175,7 +175,8 @@ class EngineHost:
         self._history_dir = None
         self.save_to: str | None = None  # where "Record" (without text) saves the history
         self.running = False
-        self.due = 0.0  # monotonic time of the workload's next arrival
+        self.due = 0.0  # monotonic time of the next step (a workload's arrival, or the pace)
+        self.step_s = 0.0  # the least time from one running step to the next (0: no pacing)
         self.ready = True  # the window has taken the last frame
         self.dirty = False  # something happened since the last frame
         self.pending = Frame()  # records and events not sent yet
@@ -245,6 +246,8 @@ class EngineHost:
             self.due = 0.0
         elif kind == "pause":
             self._set_running(False)
+        elif kind == "pace":
+            self.step_s = 1.0 / args[0] if args[0] > 0 else 0.0
         elif kind == "step":
             self._set_running(False)
             if self._step() is None:
@@ -391,13 +394,14 @@ class EngineHost:
 
     # ------------------------------------------------------------------- loop
     def _tick(self) -> None:
+        started = time.monotonic()
         delay = self._step()
         if delay is None:
             self._publish(force=True)
             self._set_running(False)
             self._send("idle")
-        else:
-            self.due = time.monotonic() + delay
+        else:  # paced: a watchable demo (commands are still answered while it waits)
+            self.due = max(time.monotonic() + delay, started + self.step_s)
 
     def _step(self) -> float | None:
         """One step of work. Returns None when there is nothing left to do, 0 to go on at once,

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app import palette
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.frames import EngineInfo, Frame
@@ -46,7 +47,34 @@ from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
-DEMO_WORKLOAD = "shared_system_prompt.jsonl"
+LOAD_DIALOG_MS = 300  # a load still running after this shows a dialog that can cancel it
+DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
+DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
+
+
+# The smallest size each dock's panel is readable at (a restored layout never goes below it).
+MIN_SIZES = {"requests": (260, 180), "composer": (200, 120), "tree": (200, 150),
+             "details": (200, 80), "capacity": (200, 150), "device": (200, 120),
+             "timeline": (300, 170), "events": (300, 100)}
+
+
+ON_DEMAND = ("lab", "experiments")  # tools of their own, shown from the View menu (the lab
+#                                    also with Ctrl+Shift+L), tabbed with Device
+
+
+def _dock_layout(w) -> list:
+    return [
+        ("requests", "Requests", w.requests, Qt.LeftDockWidgetArea),
+        ("composer", "Prompt", w.composer, Qt.LeftDockWidgetArea),
+        ("tree", "Prefix tree", w.tree, Qt.RightDockWidgetArea),
+        ("details", "Details / Why it missed", w.details, Qt.RightDockWidgetArea),
+        ("capacity", "Capacity", w.capacity, Qt.RightDockWidgetArea),
+        ("device", "Device", w.device, Qt.RightDockWidgetArea),
+        ("lab", "Cache lab", w.lab, Qt.RightDockWidgetArea),
+        ("experiments", "Experiments", w.experiments, Qt.RightDockWidgetArea),
+        ("timeline", "Timeline", w.timeline, Qt.BottomDockWidgetArea),
+        ("events", "Events", w.events, Qt.BottomDockWidgetArea),
+    ]
 
 
 def workloads_dir() -> Path:
@@ -72,10 +100,14 @@ class MainWindow(QMainWindow):
         self.source: FrameSource = self.live
         self._build_panels()
         self._build_toolbar()
+        self._build_menus()
         self._connect_worker()
         self.selection.step_changed.connect(self._on_cursor)
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
+        self.recording_label = QLabel()  # says "● recording <file>" while recording
+        self.recording_label.setStyleSheet(f"color: {palette.EVICTED_COLOR}")
+        self.statusBar().addPermanentWidget(self.recording_label)
         self.frame_timer = QTimer(self)
         self.frame_timer.timeout.connect(self.pull_frame)
         self.frame_timer.start(FRAME_MS)
@@ -111,34 +143,58 @@ class MainWindow(QMainWindow):
         self.experiments = ExperimentsPanel()
         self.experiments.finished.connect(self._save_experiment)
         self.docks = {}
-        for name, title, widget, area in [
-            ("requests", "Requests", self.requests, Qt.LeftDockWidgetArea),
-            ("composer", "Prompt", self.composer, Qt.LeftDockWidgetArea),
-            ("tree", "Prefix tree", self.tree, Qt.RightDockWidgetArea),
-            ("details", "Details / Why it missed", self.details, Qt.RightDockWidgetArea),
-            ("capacity", "Capacity", self.capacity, Qt.RightDockWidgetArea),
-            ("device", "Device", self.device, Qt.RightDockWidgetArea),
-            ("lab", "Cache lab", self.lab, Qt.RightDockWidgetArea),
-            ("experiments", "Experiments", self.experiments, Qt.RightDockWidgetArea),
-            ("timeline", "Timeline", self.timeline, Qt.BottomDockWidgetArea),
-            ("events", "Events", self.events, Qt.BottomDockWidgetArea),
-        ]:
+        for name, title, widget, _area in _dock_layout(self):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{name}")
             dock.setWidget(widget)
-            self.addDockWidget(area, dock)
             self.docks[name] = dock
+        for name, (w, h) in MIN_SIZES.items():  # a restored layout never squeezes them more
+            self.docks[name].widget().setMinimumSize(w, h)
+        self._place_docks()
+        lab = self.docks["lab"].toggleViewAction()
+        lab.setShortcut(QKeySequence("Ctrl+Shift+L"))
+        self.addAction(lab)
+
+    def _place_docks(self) -> None:
+        """The default layout: requests left, tree and details right, timeline below."""
+        for name, _title, _widget, area in _dock_layout(self):
+            dock = self.docks[name]
+            dock.setFloating(False)
+            dock.setVisible(name not in ON_DEMAND)  # hidden ones never stack up the window
+            self.addDockWidget(area, dock)
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.tabifyDockWidget(self.docks["device"], self.docks["experiments"])
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
-        self.docks["lab"].hide()  # a tool of its own: Ctrl+Shift+L shows it
-        lab = self.docks["lab"].toggleViewAction()
-        lab.setShortcut(QKeySequence("Ctrl+Shift+L"))
-        self.addAction(lab)
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
+
+    def _default_sizes(self) -> None:
+        """Dock sizes as shares of the window, so a small window gets a usable layout too."""
+        w, h = self.width(), self.height()
+        self.resizeDocks([self.docks["requests"], self.docks["tree"]],
+                         [int(w * 0.33), int(w * 0.27)], Qt.Horizontal)
+        self.resizeDocks([self.docks["timeline"]], [int(h * 0.3)], Qt.Vertical)
+        self.resizeDocks([self.docks["requests"], self.docks["composer"]],
+                         [int(h * 0.4), MIN_SIZES["composer"][1]], Qt.Vertical)
+
+    def reset_layout(self) -> None:
+        size = self.size()  # re-adding the docks stacks them for a moment: the window would grow
+        self._place_docks()
+        self.resize(size)
+        self._default_sizes()
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        for a in (self.act_open_model, self.act_workload, self.act_open_session,
+                  self.act_record, self.act_export):
+            file_menu.addAction(a)
+        self.view_menu = self.menuBar().addMenu("&View")
+        for dock in self.docks.values():
+            self.view_menu.addAction(dock.toggleViewAction())
+        self.view_menu.addSeparator()
+        self.act_reset_layout = self.view_menu.addAction("Reset layout", self.reset_layout)
 
     def _build_toolbar(self) -> None:
         tb = self.addToolBar("Main")
@@ -147,13 +203,15 @@ class MainWindow(QMainWindow):
         self.model_box.setEditable(True)
         self.model_box.addItem("demo")
         self.model_box.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
+        # As wide as a short name, not the longest entry: the toolbar must fit 1280 px.
+        self.model_box.setMaximumWidth(self.model_box.fontMetrics().horizontalAdvance("demo") + 40)
+        self.model_box.view().setMinimumWidth(self.model_box.view().sizeHintForColumn(0) + 24)
         self.model_box.setToolTip("demo, SmolLM2, a local model folder, a .gguf file, or a repo "
                                   "id in the local Hugging Face cache; Enter loads it")
         self.model_box.lineEdit().returnPressed.connect(self.reload)
         tb.addWidget(QLabel(" Model "))
         tb.addWidget(self.model_box)
         self.act_open_model = self._action("Open model…", "Ctrl+L", self.open_model_folder)
-        tb.addAction(self.act_open_model)
         tb.addSeparator()
         self.act_demo = self._action("Run demo ▶", "F5", self.run_or_resume)
         self.act_workload = self._action("Run workload…", "Ctrl+W", self.open_workload)
@@ -164,6 +222,8 @@ class MainWindow(QMainWindow):
         self.act_filter = self._action("Filter events", "Ctrl+F", self.focus_event_filter)
         self.act_back = self._action("Step back", "Left", lambda: self.move_cursor(-1))
         self.act_back.setToolTip("The previous step (←): live, this looks back in the history")
+        self.act_first = self._action("First step", "Home", self.first_step)
+        self.act_first.setToolTip("The first step kept (Home), live or in replay")
         self.act_follow = self._action("Follow live", "End", self.follow)
         self.act_follow.setToolTip("Show the newest step again (End); in replay, the last step")
         self.act_follow.setEnabled(False)
@@ -171,9 +231,20 @@ class MainWindow(QMainWindow):
         self.act_record.setCheckable(True)
         self.act_open_session = self._action("Open session…", "Ctrl+O", self.open_session_dialog)
         self.act_export = self._action("Export…", "Ctrl+E", self.export_dialog)
-        for a in (self.act_demo, self.act_workload, self.act_pause, self.act_step,
-                  self.act_follow, self.act_record, self.act_open_session, self.act_export):
+        for a in (self.act_demo, self.act_pause, self.act_step):
             tb.addAction(a)
+        self.pace_box = QSpinBox(minimum=0, maximum=1000, value=DEMO_PACE, suffix=" steps/s")
+        self.pace_box.setSpecialValueText("max speed")
+        self.pace_box.setToolTip("How many steps a second the engine runs (0: as fast as it "
+                                 "can); slow enough to watch by default")
+        self.pace_box.valueChanged.connect(self.worker.pace)
+        tb.addWidget(self.pace_box)
+        for a in (self.act_follow, self.act_record, self.act_open_session):
+            tb.addAction(a)
+        # "Stop recording ■" is wider than "Record ●": the button keeps the wider width, so
+        # the toolbar never shifts when recording starts or stops.
+        record = tb.widgetForAction(self.act_record)
+        record.setFixedWidth(record.fontMetrics().horizontalAdvance("Stop recording ■") + 16)
         self.addAction(self.act_filter)
         tb.addSeparator()
         self.prefix_box = QCheckBox("prefix cache")
@@ -242,11 +313,7 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1400, 900)
         if state is None or not self.restoreState(state):
-            self.resizeDocks([self.docks["requests"], self.docks["tree"]], [460, 380],
-                             Qt.Horizontal)
-            self.resizeDocks([self.docks["timeline"]], [330], Qt.Vertical)
-            self.resizeDocks([self.docks["requests"], self.docks["composer"]], [420, 200],
-                             Qt.Vertical)
+            self._default_sizes()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.settings.setValue("geometry", self.saveGeometry())
@@ -269,7 +336,8 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, self)
         self.progress.setWindowTitle("kvscope")
-        self.progress.setMinimumDuration(300)
+        self.progress.setMinimumDuration(LOAD_DIALOG_MS)
+        self.progress.setValue(0)  # starts the dialog's clock: without it, it waits 4 s
         self.progress.canceled.connect(self._on_load_cancelled)
         self.status.setText(f"loading {name}…")
         self.worker.load(name, self.engine_config())
@@ -351,6 +419,11 @@ class MainWindow(QMainWindow):
         now = self.selection.step if self.selection.step is not None else steps[1]
         self.selection.select_step(max(steps[0], min(steps[1], now + delta)))
 
+    def first_step(self) -> None:
+        steps = self.source.step_range()
+        if steps is not None:
+            self.selection.select_step(steps[0])
+
     def follow(self) -> None:
         """End: back to the newest step (live), or the last step (replay)."""
         steps = self.source.step_range()
@@ -358,7 +431,7 @@ class MainWindow(QMainWindow):
 
     def _on_cursor(self, step: int | None) -> None:
         """The time cursor moved: every panel shows that step."""
-        self.act_follow.setEnabled(self.source.live and step is not None)
+        self.act_follow.setEnabled(not self.source.live or step is not None)  # End in replay
         steps = self.source.step_range()
         if self.source.live and (step is None or steps is None or step >= steps[1]):
             if step is not None:
@@ -406,6 +479,7 @@ class MainWindow(QMainWindow):
         self.recording_path = path
         self.act_record.setChecked(path is not None)
         self.act_record.setText("Stop recording ■" if path else "Record ●")
+        self.recording_label.setText(f"● recording {Path(path).name}" if path else "")
         self.statusBar().showMessage(note if path is None else f"{note} to {path}", 8000)
 
     def _save_experiment(self, result) -> None:
@@ -584,6 +658,7 @@ class MainWindow(QMainWindow):
         self.capacity.set_model_config(engine.model_config, self.model_name, engine.cache_dtype)
         self.experiments.model = self.model_name
         self._demo_started = False
+        self.worker.pace(self.pace_box.value())  # a new engine process: tell it the pace
         self.live.reset()
         if self.source.live:
             self.set_source(self.live)
@@ -621,7 +696,9 @@ class MainWindow(QMainWindow):
         self.status.setText("no model loaded")
 
     def _on_running_changed(self, running: bool) -> None:
-        self.running = running
+        self.running = running  # the status bar says running or paused at once
+        self.status.show_frame(self.snapshot, [], self.source, self.selection.step,
+                               self.model_name, self.engine, running)
 
     # -------------------------------------------------------------- frames
     def pull_frame(self) -> None:

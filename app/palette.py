@@ -25,8 +25,9 @@ CODE_SHARED = 2  # 2..9: ref count 2..9+, deeper orange with more owners
 SHARED_SHADES = 8
 CODE_CACHED = 10  # 10..41: darker = sooner to be evicted
 CACHED_SHADES = 32
-CODE_EVICTED = 42  # evicted during the step shown (the block may be in use again already)
 CODE_PAD = 43  # cells past the last block in the grid
+# Blocks evicted during the step shown get an EVICTED_COLOR outline (the pool view's), never a
+# fill: the cell shows what the block is now (often in use again already).
 
 
 def _rgb(hex_color: str) -> np.ndarray:
@@ -47,13 +48,12 @@ def make_lut(dark: bool = False) -> np.ndarray:
         lut[CODE_SHARED + i, :3] = _mix(SHARED_COLOR, "#7a4f00", i / SHARED_SHADES)
     for i in range(CACHED_SHADES):  # rank 0 (next victim) darkest
         lut[CODE_CACHED + i, :3] = _mix("#00402e", CACHED_COLOR, i / (CACHED_SHADES - 1))
-    lut[CODE_EVICTED, :3] = _rgb(EVICTED_COLOR)
     lut[CODE_PAD, :3] = _rgb("#ffffff" if not dark else "#1e1e1e")
     return lut
 
 
-def display_codes(snap: Snapshot, evicted: np.ndarray | None = None) -> np.ndarray:
-    """uint8 display code per block, from a snapshot (and the blocks evicted in its step)."""
+def display_codes(snap: Snapshot) -> np.ndarray:
+    """uint8 display code per block, from a snapshot."""
     codes = np.full(snap.num_blocks, CODE_FREE, dtype=np.uint8)
     codes[snap.state == ACTIVE] = CODE_ACTIVE
     shared = snap.state == SHARED
@@ -64,10 +64,6 @@ def display_codes(snap: Snapshot, evicted: np.ndarray | None = None) -> np.ndarr
         order = np.empty(len(ranks), dtype=np.int64)  # 0 = next victim among cached blocks
         order[np.argsort(ranks, kind="stable")] = np.arange(len(ranks))
         codes[cached] = CODE_CACHED + (order * CACHED_SHADES // max(1, len(ranks)))
-    if evicted is not None and len(evicted):
-        codes[evicted] = CODE_EVICTED
-    codes[snap.state == FREE] = np.where(codes[snap.state == FREE] == CODE_EVICTED,
-                                         CODE_EVICTED, CODE_FREE)
     return codes
 
 

@@ -22,7 +22,8 @@ class TreeNode:
     blocks: list[int]  # physical blocks, root first; one block unless collapsed
     state: int  # snapshot state code (roots: -1)
     ref_count: int
-    hits: int  # prefix-cache hits served by these blocks (sum over a collapsed run)
+    hits: int  # requests that hit these blocks in the prefix cache (a hit on a run of blocks
+    #            hits its first: the most of any of its blocks)
     children: list[TreeNode] = field(default_factory=list)
     parent: TreeNode | None = None
     x: float = 0.0
@@ -78,7 +79,7 @@ def find_runs(snap: Snapshot, collapse: bool = True) -> Runs:
 def make_forest(snap: Snapshot, runs: Runs) -> list[TreeNode]:
     """The second half of build_tree: the nodes, linked and laid out."""
     heads, parent = runs.heads, runs.parent
-    hits = np.add.reduceat(snap.hit_count[runs.members], runs.starts) if len(heads) else heads
+    hits = np.maximum.reduceat(snap.hit_count[runs.members], runs.starts) if len(heads) else heads
     bounds = np.append(runs.starts, len(runs.members)).tolist()
     members = runs.members.tolist()
     nodes = [TreeNode(members[a:b], s, r, int(h)) for a, b, s, r, h in zip(

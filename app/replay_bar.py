@@ -1,12 +1,22 @@
-"""The replay scrubber: slider, play/pause, speed, step ±1, jump to the next eviction,
-preemption or cancellation. It only picks steps; the window renders them."""
+"""The replay scrubber: a full-width slider; first/last step, step ±1, a step field, play and
+speed, the previous/next eviction, preemption or cancellation. It only picks steps; the window
+renders them."""
 
 from __future__ import annotations
 
 import bisect
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from kvscope.app.selection import Selection
 from kvscope.engine import events as ev
@@ -23,6 +33,7 @@ class ReplayBar(QWidget):
         super().__init__(parent)
         self.selection = selection or Selection()
         self.slider = QSlider(Qt.Horizontal)
+        self.slider.setMinimumWidth(200)
         self.slider.valueChanged.connect(self.step_changed)
         self.step_changed.connect(self.selection.select_step)
         self.selection.step_changed.connect(self._on_cursor)
@@ -32,32 +43,51 @@ class ReplayBar(QWidget):
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))
         self.speed.setCurrentText("1×")
+        self.speed.setToolTip("Play speed (1× = 10 steps a second)")
         self.speed.currentTextChanged.connect(self._on_speed)
-        self.prev_button = QPushButton("◀")
-        self.next_button = QPushButton("▶|")
-        self.prev_button.setToolTip("Previous step (←)")
-        self.next_button.setToolTip("Next step (→ or N)")
-        self.prev_button.clicked.connect(lambda: self.step_by(-1))
-        self.next_button.clicked.connect(lambda: self.step_by(1))
+        self.step_field = QSpinBox()
+        self.step_field.setToolTip("The step shown: type one and press Enter")
+        self.step_field.setKeyboardTracking(False)  # Enter or focus-out moves, not each digit
+        self.step_field.valueChanged.connect(self.set_step)
         self.jump_kind = QComboBox()
         self.jump_kind.addItems(list(JUMPS))
-        self.jump_button = QPushButton("next ⤼")
-        self.jump_button.setToolTip("Jump to the next step with this kind of event")
-        self.jump_button.clicked.connect(self.jump_next)
         self.label = QLabel()
         self.leave_button = QPushButton("Back to live")
         self.leave_button.clicked.connect(self.leave_requested)
-        layout = QHBoxLayout(self)
+        buttons = [("⏮", "First step (Home)", lambda: self.set_step(self.slider.minimum())),
+                   ("◀", "Previous step (←)", lambda: self.step_by(-1)),
+                   ("▶|", "Next step (→ or N)", lambda: self.step_by(1)),
+                   ("⏭", "Last step (End)", lambda: self.set_step(self.slider.maximum())),
+                   ("⤺ prev", "The previous step with this kind of event", self.jump_prev),
+                   ("next ⤼", "The next step with this kind of event", self.jump_next)]
+        (self.first_button, self.prev_button, self.next_button, self.last_button,
+         self.jump_prev_button, self.jump_button) = [
+            self._button(text, tip, slot) for text, tip, slot in buttons]
+        # The scrubber has a row of its own: it gets the bar's whole width.
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Replay"))
+        top.addWidget(self.slider, 1)
+        top.addWidget(self.label)
+        controls = QHBoxLayout()
+        for w in (self.first_button, self.prev_button, self.play_button, self.next_button,
+                  self.last_button, QLabel("step"), self.step_field, self.speed, QLabel(" event"),
+                  self.jump_kind, self.jump_prev_button, self.jump_button):
+            controls.addWidget(w)
+        controls.addStretch(1)
+        controls.addWidget(self.leave_button)
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 2, 4, 2)
-        for w in (QLabel("Replay"), self.play_button, self.speed, self.prev_button,
-                  self.next_button):
-            layout.addWidget(w)
-        layout.addWidget(self.slider, 1)
-        for w in (self.label, self.jump_kind, self.jump_button, self.leave_button):
-            layout.addWidget(w)
+        layout.addLayout(top)
+        layout.addLayout(controls)
         self.timer = QTimer(self)
         self.timer.timeout.connect(self._tick)
         self.steps_with: dict[str, list[int]] = {}
+
+    def _button(self, text: str, tip: str, slot) -> QPushButton:
+        button = QPushButton(text)
+        button.setToolTip(tip)
+        button.clicked.connect(slot)
+        return button
 
     def set_session(self, first: int, last: int, events: list[ev.Event]) -> None:
         self.play_button.setChecked(False)
@@ -67,6 +97,10 @@ class ReplayBar(QWidget):
         self.slider.setRange(first, last)
         self.slider.setValue(first)
         self.slider.blockSignals(False)
+        self.step_field.blockSignals(True)
+        self.step_field.setRange(first, last)
+        self.step_field.setValue(first)
+        self.step_field.blockSignals(False)
         self._on_speed(self.speed.currentText())
 
     def _on_cursor(self, step: int | None) -> None:
@@ -76,6 +110,9 @@ class ReplayBar(QWidget):
         self.slider.blockSignals(True)
         self.slider.setValue(step)
         self.slider.blockSignals(False)
+        self.step_field.blockSignals(True)
+        self.step_field.setValue(step)
+        self.step_field.blockSignals(False)
         self.label.setText(f"step {step} / {self.slider.maximum()}")
 
     @property
@@ -93,10 +130,20 @@ class ReplayBar(QWidget):
         i = bisect.bisect_right(steps, self.step)
         return steps[i] if i < len(steps) else None
 
+    def prev_step_with(self, kind: str) -> int | None:
+        steps = self.steps_with.get(kind, [])
+        i = bisect.bisect_left(steps, self.step)
+        return steps[i - 1] if i > 0 else None
+
     def jump_next(self) -> None:
-        target = self.next_step_with(JUMPS[self.jump_kind.currentText()])
+        self._jump(self.next_step_with(JUMPS[self.jump_kind.currentText()]), "later")
+
+    def jump_prev(self) -> None:
+        self._jump(self.prev_step_with(JUMPS[self.jump_kind.currentText()]), "earlier")
+
+    def _jump(self, target: int | None, which: str) -> None:
         if target is None:
-            self.label.setText(f"no later {self.jump_kind.currentText()}")
+            self.label.setText(f"no {which} {self.jump_kind.currentText()}")
         else:
             self.set_step(target)
 

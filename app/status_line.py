@@ -32,7 +32,8 @@ class StatusLine(QLabel):
         else:
             usage += f" · {rate}"
         device = engine.device if engine is not None else "?"
-        self.setText(f"{model} · {device} · {usage}" + (" · running" if running else ""))
+        state = "running" if running else "paused" if engine is not None else ""
+        self.setText(f"{model} · {device} · {usage}" + (f" · {state}" if state else ""))
 
     def _rate(self, records) -> str:
         window = self._tokens

@@ -10,8 +10,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
-    QFormLayout,
-    QHBoxLayout,
+    QGridLayout,
+    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -50,23 +50,23 @@ class Composer(QWidget):
         self.salt.setPlaceholderText("none")
         self.salt.setToolTip("Cache salt (tenant): requests with different salts never share "
                              "blocks")
-        form = QFormLayout()
-        form.addRow("max tokens", self.max_tokens)
-        form.addRow("temperature", self.temperature)
-        form.addRow("n", self.n)
-        form.addRow("cache salt", self.salt)
-        form.addRow(self.chat, self.new_chat_button)
         self.submit_button = QPushButton("Submit")
         self.submit_button.setShortcut("Ctrl+Return")
         self.submit_button.clicked.connect(self.submit)
-        row = QHBoxLayout()
-        row.addLayout(form)
-        row.addWidget(self.submit_button)
+        grid = QGridLayout()  # two fields a row: the dock leaves the requests table its rows
+        for i, (label, field) in enumerate([("max tokens", self.max_tokens),
+                                            ("temperature", self.temperature),
+                                            ("n", self.n), ("cache salt", self.salt)]):
+            grid.addWidget(QLabel(label), i // 2, 2 * (i % 2))
+            grid.addWidget(field, i // 2, 2 * (i % 2) + 1)
+        grid.addWidget(self.submit_button, 0, 4, 2, 1)
+        grid.addWidget(self.chat, 2, 0, 1, 2)
+        grid.addWidget(self.new_chat_button, 2, 2, 1, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.transcript, 2)
         layout.addWidget(self.prompt, 1)
-        layout.addLayout(row)
+        layout.addLayout(grid)
 
     def set_read_only(self, why: str | None) -> None:
         """Submitting is off (with `why` as the tooltip) while the source cannot change."""

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QTextBrowser, QToolButton, QVBoxLayout, QWidget
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_view import describe_block
 from kvscope.app.selection import Selection
 
 HOW_TO_READ = (
-    "<b>How to read this window.</b> Each cell of the block pool is one physical KV block "
+    "Each cell of the block pool is one physical KV block "
     "(block_size token slots in every layer). Blue blocks hold one request's tokens, orange "
     "blocks are shared by several requests (deeper orange = more owners), green blocks are "
     "cached: no request holds them but their hash is kept, so a later prompt with the same "
-    "prefix reuses them (darker green = evicted sooner, in LRU order). Vermilion marks blocks "
-    "evicted in the step shown; an outline marks the selected request's blocks.")
+    "prefix reuses them (darker green = evicted sooner, in LRU order). A vermilion outline marks "
+    "blocks evicted in the step shown; a black outline the selected request's blocks.")
 
 
 class DetailsPanel(QWidget):
@@ -25,6 +26,14 @@ class DetailsPanel(QWidget):
         self.snapshot = None
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
+        self.help_button = QToolButton()  # collapses the help: the answers get its room
+        self.help_button.setText("How to read this window")
+        self.help_button.setCheckable(True)
+        self.help_button.setChecked(True)
+        self.help_button.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.help_button.setArrowType(Qt.DownArrow)
+        self.help_button.setStyleSheet("QToolButton { border: none; font-weight: bold; }")
+        self.help_button.toggled.connect(self._show_help)
         self.text = QTextBrowser()
         self.text.setOpenLinks(False)  # "step:N" links move the time cursor
         self.text.anchorClicked.connect(self._on_link)
@@ -32,8 +41,13 @@ class DetailsPanel(QWidget):
                                      "click a block")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.help_button)
         layout.addWidget(self.help)
         layout.addWidget(self.text, 1)
+
+    def _show_help(self, shown: bool) -> None:
+        self.help.setVisible(shown)
+        self.help_button.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
 
     def show_frame(self, frame: Frame) -> None:
         if frame.snapshot is not None:

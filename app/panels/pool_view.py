@@ -1,19 +1,23 @@
 """The block pool: every physical block a cell of one ImageItem over a uint8 display-code array.
 
 Selected blocks (the selected request's table, or a clicked block) get an outline drawn by one
-ScatterPlotItem of hollow squares: an outline, never a new fill colour."""
+ScatterPlotItem of hollow squares: an outline, never a new fill colour; so do the blocks evicted
+during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.selection import Selection
-from kvscope.engine.snapshot import STATE_NAMES, Snapshot
+from kvscope.engine.snapshot import CACHED, STATE_NAMES, Snapshot
+
+HOVER_HINT = "hover a block for details"
+GAP_MIN_PX = 4  # cells at least this wide get a 1 px gap between them
 
 
 def grid_columns(num_blocks: int, aspect: float = 1.5) -> int:
@@ -31,11 +35,31 @@ def describe_block(s: Snapshot, block: int) -> str:
         first = index * s.block_size
         text += (" · owners " + " ".join(f"#{r}" for r in sorted(owners))
                  + f" · tokens {first}–{first + s.block_size - 1} of #{rid}")
+    elif s.state[block] == CACHED:
+        first = chain_depth(s, block) * s.block_size
+        text += f" · tokens {first}–{first + s.block_size - 1} of its prefix"
     if s.block_hash[block]:
         text += f" · hash {int(s.block_hash[block]):016x}"[:22] + "…"
     if s.last_use[block] >= 0:
         text += f" · last use s{s.last_use[block]}"
     return text
+
+
+def chain_depth(s: Snapshot, block: int) -> int:
+    """Blocks before this one in its hash chain, as far as the pool still holds them (a chain
+    whose parent is gone starts at the block, as the prefix tree draws it)."""
+    by_hash = {int(h): b for b, h in enumerate(s.block_hash.tolist()) if h}
+    depth, parent = 0, int(s.parent_hash[block])
+    while parent in by_hash and depth < len(by_hash):
+        depth, parent = depth + 1, int(s.parent_hash[by_hash[parent]])
+    return depth
+
+
+def pool_title(s: Snapshot, evicted: int) -> str:
+    return (f"<b>Block pool</b> · {s.num_blocks} blocks of {s.block_size} tokens · "
+            f"{s.num_active_blocks} active ({s.num_shared_blocks} shared) · "
+            f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · "
+            f"{evicted} evicted this step")
 
 
 class PoolView(QWidget):
@@ -59,22 +83,40 @@ class PoolView(QWidget):
         self.outline = pg.ScatterPlotItem(symbol="s", brush=None, pxMode=False, size=0.82,
                                           pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
         self.plot.addItem(self.outline)
+        self.evicted_outline = pg.ScatterPlotItem(symbol="s", brush=None, pxMode=False,
+                                                  size=0.94,
+                                                  pen=pg.mkPen(palette.EVICTED_COLOR, width=2))
+        self.plot.addItem(self.evicted_outline)
+        self.gaps = pg.PlotCurveItem(pen=pg.mkPen("w", width=1), connect="pairs")
+        self.gaps.setZValue(1)  # over the cells, under the outlines
+        self.outline.setZValue(2)
+        self.evicted_outline.setZValue(2)
+        self.plot.addItem(self.gaps)
+        self._gaps_key: tuple | None = None
+        self.plot.plotItem.vb.sigRangeChanged.connect(self._draw_gaps)
         self.dead_outline = pg.ScatterPlotItem(
             symbol="s", brush=None, pxMode=False, size=0.6,
             pen=pg.mkPen(palette.DEAD_OUTLINE, width=2, style=Qt.DashLine))
+        self.dead_outline.setZValue(2)
         self.plot.addItem(self.dead_outline)
         self.dead: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.hover_label = QLabel("hover a block for details")
+        self.title = QLabel("<b>Block pool</b>")
+        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.hover_label = QLabel(HOVER_HINT)
+        self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.plot.viewport().installEventFilter(self)  # the hover text clears on leaving
         self.legend = QLabel(self._legend_html())
         self.legend.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.title)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.legend)
         layout.addWidget(self.hover_label)
         self.snapshot: Snapshot | None = None
         self.codes = np.zeros(0, dtype=np.uint8)
+        self.evicted = np.zeros(0, dtype=np.int64)  # outlined: evicted during the step shown
         self.cols = 16
         self.highlighted: np.ndarray = np.zeros(0, dtype=np.int64)
         self.auto_fit = True  # until the user zooms or pans
@@ -90,9 +132,9 @@ class PoolView(QWidget):
         return "".join([sw("#aaaaaa", "free", "□"), sw(palette.ACTIVE_COLOR, "active"),
                         sw(palette.SHARED_COLOR, "shared (deeper = more owners)"),
                         sw(palette.CACHED_COLOR, "cached (darker = evicted sooner)"),
-                        sw(palette.EVICTED_COLOR, "evicted this step"),
+                        sw(palette.EVICTED_COLOR, "evicted this step", "□"),
                         sw("#000000", "selected", "□"),
-                        sw(palette.DEAD_OUTLINE, "dead: cached, unreachable (lab)", "⬚")])
+                        sw(palette.DEAD_OUTLINE, "dead: cached, unreachable", "⬚")])
 
     # ----------------------------------------------------------------- render
     def show_frame(self, frame: Frame) -> None:
@@ -106,7 +148,10 @@ class PoolView(QWidget):
         self.image.clear()
         self.highlight(None)
         self.show_dead(None)
-        self.hover_label.setText("hover a block for details")
+        self.evicted = np.zeros(0, dtype=np.int64)
+        self.evicted_outline.setData([], [])
+        self.title.setText("<b>Block pool</b>")
+        self.hover_label.setText(HOVER_HINT)
 
     def _on_selection(self, *_) -> None:
         self.highlight(self.selection.highlighted(self.snapshot))
@@ -118,15 +163,21 @@ class PoolView(QWidget):
         self.cols = grid_columns(snap.num_blocks, self._aspect())
         rows = -(-snap.num_blocks // self.cols)
         grid = np.full(rows * self.cols, palette.CODE_PAD, dtype=np.uint8)
-        self.codes = palette.display_codes(snap, evicted)
+        self.codes = palette.display_codes(snap)
         grid[: snap.num_blocks] = self.codes
         self.image.setImage(grid.reshape(rows, self.cols), autoLevels=False, levels=(0, 255))
+        self.evicted = gone = np.asarray(evicted if evicted is not None else [], dtype=np.int64)
+        self.evicted_outline.setData(x=(gone % self.cols) + 0.5, y=(gone // self.cols) + 0.5)
+        title = pool_title(snap, len(gone))
+        if title != self.title.text():
+            self.title.setText(title)
         if resized:
             self.auto_fit = True
         if self.auto_fit:
             self.fit()
         if self.cols != cols:
             self._draw_outline()  # the same blocks in other cells
+        self._draw_gaps()
 
     def fit(self) -> None:
         """Show the whole pool (double-click or a new pool size brings this back)."""
@@ -144,6 +195,25 @@ class PoolView(QWidget):
             if grid_columns(self.snapshot.num_blocks, self._aspect()) != self.cols:
                 self.set_snapshot(self.snapshot, self._evicted)
             self.fit()
+
+    def _draw_gaps(self, *_) -> None:
+        """White 1 px lines between cells, while cells are at least GAP_MIN_PX wide."""
+        vb = self.plot.plotItem.vb
+        (x0, x1), _ = vb.viewRange()
+        rows = 0 if self.snapshot is None else -(-self.snapshot.num_blocks // self.cols)
+        show = rows > 0 and vb.width() / max(1e-9, x1 - x0) >= GAP_MIN_PX
+        key = (self.cols, rows) if show else None
+        if key == self._gaps_key:
+            return
+        self._gaps_key = key
+        if not show:
+            self.gaps.setData([], [])
+            return
+        cols = np.arange(self.cols + 1, dtype=np.float64)
+        rws = np.arange(rows + 1, dtype=np.float64)
+        x = np.concatenate([np.repeat(cols, 2), np.tile([0.0, self.cols], rows + 1)])
+        y = np.concatenate([np.tile([0.0, rows], self.cols + 1), np.repeat(rws, 2)])
+        self.gaps.setData(x, y)
 
     def _on_manual_range(self, *_) -> None:
         self.auto_fit = False
@@ -183,8 +253,12 @@ class PoolView(QWidget):
 
     def _on_mouse_moved(self, pos) -> None:
         block = self.block_at(pos)
-        if block is not None:
-            self.hover_label.setText(self.describe(block))
+        self.hover_label.setText(HOVER_HINT if block is None else self.describe(block))
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        if event.type() == QEvent.Leave:
+            self.hover_label.setText(HOVER_HINT)
+        return False
 
     def _on_mouse_clicked(self, event) -> None:
         if event.double():

@@ -33,7 +33,8 @@ def node_text(node: TreeNode, snap: Snapshot) -> str:
     first, last = node.blocks[0], node.blocks[-1]
     span = f"block {first}" if node.count == 1 else f"{node.count} blocks {first}…{last}"
     owners = sorted(r for r, t in snap.block_tables.items() if first in t)
-    text = f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hits {node.hits}"
+    text = (f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hit by {node.hits} "
+            f"request{'s' if node.hits != 1 else ''}")
     if owners:
         text += " · owners " + " ".join(f"#{r}" for r in owners)
     return text
@@ -41,7 +42,7 @@ def node_text(node: TreeNode, snap: Snapshot) -> str:
 
 def label_text(node: TreeNode) -> str:
     return ((f"×{node.count}" if node.count > 1 else "")
-            + (f" {node.hits} hits" if node.hits else "")).strip()
+            + (f" hit by {node.hits}" if node.hits else "")).strip()
 
 
 class PrefixTreePanel(QWidget):
@@ -61,7 +62,7 @@ class PrefixTreePanel(QWidget):
         self.plot.setMenuEnabled(False)
         self.vb = self.plot.plotItem.vb
         self.edges = pg.PlotCurveItem(pen=pg.mkPen("#9a9a9a", width=1), connect="pairs")
-        self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True)
+        self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True, tip=None)  # ours, in words
         self.outline = pg.ScatterPlotItem(pxMode=True, brush=None, symbol="o",
                                           pen=pg.mkPen(palette.SELECTED_OUTLINE, width=2))
         self.plot.addItem(self.edges)
@@ -302,8 +303,11 @@ class PrefixTreePanel(QWidget):
             self.fit()
 
     def _on_hover(self, item, points, ev) -> None:
+        text = ""
         if len(points) and self.snapshot is not None:
-            self.info.setText(node_text(self.flat[points[0].data()], self.snapshot))
+            text = node_text(self.flat[points[0].data()], self.snapshot)
+            self.info.setText(text)
+        self.plot.setToolTip(text)
 
     def _on_click(self, item, points, ev) -> None:
         if len(points):

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QTableView,
     QTextEdit,
@@ -29,7 +30,8 @@ def _ms(seconds: float | None) -> str:
 
 COLUMNS = [
     ("id", "Request id (samples of n > 1 show their parent)"),
-    ("state", "waiting, prefill (computing its prompt), decode, or finished: reason"),
+    ("state", "waiting, prefill (computing its prompt), decode, done (finished: length or "
+              "stop), cancelled, rejected, failed; hover a row for the full reason"),
     ("prompt", "Prompt tokens"),
     ("cached", "Prompt tokens served from the prefix cache when first admitted"),
     ("output", "Output tokens generated so far"),
@@ -39,8 +41,8 @@ COLUMNS = [
 ]
 
 
-DISPLAY, ALIGNMENT, FOREGROUND = (int(r) for r in (Qt.DisplayRole, Qt.TextAlignmentRole,
-                                                    Qt.ForegroundRole))
+DISPLAY, ALIGNMENT, FOREGROUND, TOOLTIP = (int(r) for r in (
+    Qt.DisplayRole, Qt.TextAlignmentRole, Qt.ForegroundRole, Qt.ToolTipRole))
 RIGHT = int(Qt.AlignRight | Qt.AlignVCenter)
 
 
@@ -91,13 +93,24 @@ class RequestsModel(QAbstractTableModel):
         if (role == FOREGROUND and index.column() == 1
                 and self.rows[index.row()].state.startswith("finished: rej")):
             return QColor(palette.EVICTED_COLOR)
+        if role == TOOLTIP and index.column() == 1:
+            return self.rows[index.row()].state
         return None
+
+
+def short_state(state: str) -> str:
+    """"finished: length" -> "done", "finished: cancelled" -> "cancelled": the full reason is
+    the cell's tooltip."""
+    if not state.startswith("finished: "):
+        return state
+    reason = state.removeprefix("finished: ")
+    return "done" if reason in ("length", "stop") else reason
 
 
 def _cells(r: RequestRow) -> list:
     rid = f"#{r.request_id}" + (f" (of #{r.parent_id})" if r.parent_id is not None else "")
-    return [rid, r.state, r.prompt_tokens, r.cached_tokens, r.output_tokens, _ms(r.ttft_s),
-            _ms(r.tpot_s), r.cache_salt or ""]
+    return [rid, short_state(r.state), r.prompt_tokens, r.cached_tokens, r.output_tokens,
+            _ms(r.ttft_s), _ms(r.tpot_s), r.cache_salt or ""]
 
 
 class RequestsPanel(QWidget):
@@ -119,6 +132,8 @@ class RequestsPanel(QWidget):
         self.table.horizontalHeader().setStretchLastSection(True)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
         self.table.setWordWrap(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        self.table.resizeColumnsToContents()  # the headers' widths: no scroll bar while empty
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.cancel_button = QPushButton("Cancel request")
         self.explain_button = QPushButton("Why did this miss?")
@@ -141,11 +156,17 @@ class RequestsPanel(QWidget):
         bottom_layout = QVBoxLayout(bottom)
         bottom_layout.setContentsMargins(0, 0, 0, 0)
         self.block_table_title = QLabel("Block table")
+        self.block_table_title.setWordWrap(True)  # a long title wraps, never widens the window
+        self.block_table_title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         bottom_layout.addWidget(self.block_table_title)
         bottom_layout.addWidget(self.block_table)
         split = QSplitter(Qt.Vertical)
         split.addWidget(top)
         split.addWidget(bottom)
+        self.block_table.setMinimumHeight(self.fontMetrics().height() * 2)
+        split.setStretchFactor(0, 3)  # the table gets the room; the block table scrolls
+        split.setStretchFactor(1, 1)
+        split.setSizes([300, 100])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(split)
@@ -175,7 +196,11 @@ class RequestsPanel(QWidget):
 
     def set_rows(self, rows: list[RequestRow]) -> None:
         grew = len(rows) != len(self.model.rows)
+        bar = self.table.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum()  # the user has not scrolled up to read
         self.model.set_rows(rows)
+        if grew and at_end:
+            self.table.scrollToBottom()  # new requests come into view
         if grew and len(rows) <= 64:  # sizing reads every cell: only while the table is small
             self.table.resizeColumnsToContents()
         if self.selected is not None:

@@ -1,5 +1,7 @@
-"""Timeline: per-step prefill|decode time (stacked), tokens and batch size, blocks
-used/cached/free, and the cumulative token hit rate; x linked, zoom and pan, click selects."""
+"""Timeline: per-step prefill|decode time (stacked), tokens and batch size (its own axis),
+blocks used/cached/free, and the cumulative token hit rate; x linked, zoom and pan, click
+selects. It follows the newest step until the user zooms or pans (then a Follow button;
+double-click or F fits all); the mouse shows every value at its step; events are marked."""
 
 from __future__ import annotations
 
@@ -7,21 +9,32 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.plot_grid import Grid
+from kvscope.app.panels.timeline_parts import (
+    MARKERS,
+    EventMarkers,
+    StepAxis,
+    range_stats,
+    readout,
+)
 from kvscope.app.selection import Selection
+from kvscope.engine import events as ev
 from kvscope.engine.metrics import StepRecord
 
-FIELDS = ("step", "prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens", "batch",
-          "active", "cached", "free", "hit_tokens", "query_tokens")
+FIELDS = ("step", "start_s", "wall_s", "prefill_ms", "decode_ms", "prefill_tokens",
+          "decode_tokens", "batch", "active", "cached", "free", "hit_tokens", "query_tokens")
 # New steps narrower than a pixel (10,000 steps on 1,500 px) wait for more, at most this long
 # (a timer draws them when steps stop coming): redrawing the curves costs the same for one new
 # step as for a pixel's worth of them.
 MAX_WAIT_S = 0.25
+LABELS_MIN_HEIGHT = 300  # px of timeline under which the axis titles are hidden
+HOVER_HINT = "Hover a step for its values; drag or wheel to pan and zoom, F or double-click fits"
 
 
 def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -78,9 +91,31 @@ class Timeline(QWidget):
         self.redrew = False  # the last frame redrew the curves (the costly case)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
+        # One line: the legend, or the values at the step under the mouse.
+        self.readout = QLabel()
+        self.readout.setToolTip(HOVER_HINT)
+        self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.follow_button = QPushButton("Follow ⇥")
+        self.follow_button.setToolTip("Show every step and follow the newest again "
+                                      "(double-click or F)")
+        self.follow_button.clicked.connect(self.fit)
+        self.follow_button.hide()
+        self.range_label = QLabel()  # a shift-dragged range's numbers
+        self.range_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.range_label.hide()
+        self.region = pg.LinearRegionItem(movable=False, brush=pg.mkBrush(0, 0, 0, 30))
+        self.region.hide()
+        self._drag_from: float | None = None
+        top = QHBoxLayout()
+        top.addWidget(self.readout, 1)
+        top.addWidget(self.follow_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(1)
+        layout.addLayout(top)
+        layout.addWidget(self.range_label)
         layout.addWidget(self.glw)
+        QShortcut(QKeySequence("F"), self, self.fit, context=Qt.WidgetWithChildrenShortcut)
         self.grids: list[Grid] = []
         self.time_plot = self._plot(0, "ms / step", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
@@ -90,7 +125,8 @@ class Timeline(QWidget):
                                      "free (grey) after each step; dead (dashed magenta, in "
                                      "lab replays): cached but unreachable")
         self.hit_plot = self._plot(3, "hit %", "Token hit rate so far: prompt tokens served "
-                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
+                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100),
+                                   bottom=StepAxis("bottom"))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
         self.hit_plot.setYRange(0, 100, padding=0.05)
@@ -99,40 +135,55 @@ class Timeline(QWidget):
             p.hideAxis("bottom")
         # Filled lines rather than step curves, given the min and max of the steps under each
         # pixel (see _redraw). Width-1 cosmetic pens: wide lines cost several times more.
-        self.total_curve = self._curve(self.time_plot, palette.DECODE_COLOR, fill=True)
-        self.prefill_curve = self._curve(self.time_plot, palette.PREFILL_COLOR, fill=True)
-        self.tokens_curve = self._curve(self.token_plot, "#444444")
-        self.batch_curve = self._curve(self.token_plot, palette.SHARED_COLOR)
-        self.active_curve = self._curve(self.block_plot, palette.ACTIVE_COLOR)
-        self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR)
-        self.free_curve = self._curve(self.block_plot, "#999999")
+        self.total_curve = self._curve(self.time_plot, palette.DECODE_COLOR, "decode", fill=True)
+        self.prefill_curve = self._curve(self.time_plot, palette.PREFILL_COLOR, "prefill",
+                                         fill=True)
+        self.tokens_curve = self._curve(self.token_plot, "#444444", "tokens")
+        self.batch_view = self._right_axis(self.token_plot, "batch")  # its own scale
+        self.batch_curve = pg.PlotDataItem(pen=pg.mkPen(palette.SHARED_COLOR))
+        self.batch_view.addItem(self.batch_curve)
+        self.active_curve = self._curve(self.block_plot, palette.ACTIVE_COLOR, "active")
+        self.cached_curve = self._curve(self.block_plot, palette.CACHED_COLOR, "cached")
+        self.free_curve = self._curve(self.block_plot, "#999999", "free")
         # dead cache (sampled by sources that know it): resident blocks no lookup can reach
         self.dead_curve = self.block_plot.plot(
             pen=pg.mkPen(palette.DEAD_OUTLINE, style=pg.QtCore.Qt.PenStyle.DashLine))
-        self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR)
+        self.hit_curve = self._curve(self.hit_plot, palette.CACHED_COLOR, "token hit rate")
+        self.markers = EventMarkers(self.time_plot)  # after the curves: drawn over them
+        self.time_plot.addItem(self.region)
+        self.legend = self._legend_html()
+        self.readout.setText(self.legend)
         # Zoomed out, the filled curves are drawn as a bar per pixel instead (see _bars).
         self.total_bars = self._bars(self.time_plot, palette.DECODE_COLOR)
         self.prefill_bars = self._bars(self.time_plot, palette.PREFILL_COLOR)
-        self.cursors = []
+        self.cursors, self.hover_lines = [], []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#000000", width=1))
-            line.hide()
-            p.addItem(line)
-            self.cursors.append(line)
-            p.scene().sigMouseClicked.connect(self._on_click)
+            for lines, pen in ((self.cursors, pg.mkPen("#000000", width=1)),
+                               (self.hover_lines, pg.mkPen("#888888", width=1, style=Qt.DashLine))):
+                line = pg.InfiniteLine(angle=90, movable=False, pen=pen)
+                line.hide()
+                p.addItem(line)
+                lines.append(line)
+        self.glw.scene().sigMouseClicked.connect(self._on_click)
+        self.glw.scene().sigMouseMoved.connect(self._on_hover)
+        self.glw.viewport().installEventFilter(self)  # leaving, double-click
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
         self._pending = 0  # steps in self.data not drawn yet
         self._drawn_at = -np.inf
         self._flush = QTimer(self, singleShot=True, interval=int(MAX_WAIT_S * 1000))
         self._flush.timeout.connect(self._redraw)
+        self._batch_top = 0.0
         self._shown: tuple | None = None  # what the curves hold: (follow, first, end, width)
         self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
         self.time_plot.vb.sigResized.connect(self._on_x_range)
 
-    def _plot(self, row: int, label: str, tip: str, ticks=None) -> pg.PlotItem:
-        p = self.glw.addPlot(row=row, col=0)
+    def _plot(self, row: int, label: str, tip: str, ticks=None, bottom=None) -> pg.PlotItem:
+        p = self.glw.addPlot(row=row, col=0, axisItems={"bottom": bottom} if bottom else None)
         p.setLabel("left", label)
+        p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
+        p.getAxis("right").setWidth(40)
+        p.getAxis("right").setStyle(showValues=False)
         if ticks is not None:  # a short plot: a few round ticks rather than a crowded axis
             p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
@@ -145,9 +196,37 @@ class Timeline(QWidget):
         return p
 
     @staticmethod
-    def _curve(plot: pg.PlotItem, color: str, fill: bool = False) -> pg.PlotDataItem:
+    def _curve(plot: pg.PlotItem, color: str, name: str, fill: bool = False) -> pg.PlotDataItem:
         return plot.plot(pen=pg.mkPen(color), fillLevel=0 if fill else None,
-                         brush=pg.mkBrush(color) if fill else None)
+                         brush=pg.mkBrush(color) if fill else None, name=name)
+
+    def _legend_html(self) -> str:
+        """Every curve and marker, in one line above the plots (a legend inside a plot covers
+        its curves)."""
+        curves = [(self.prefill_curve, "prefill ms"), (self.total_curve, "decode ms"),
+                  (self.tokens_curve, "tokens"), (self.batch_curve, "batch (right axis)"),
+                  (self.active_curve, "active"), (self.cached_curve, "cached"),
+                  (self.free_curve, "free"), (self.hit_curve, "hit %")]
+        items = [f"<span style='color:{c.opts['pen'].color().name()}'>━</span>&nbsp;{name}"
+                 for c, name in curves]
+        glyphs = {"t": "▼", "d": "◆", "x": "✖", "s": "■"}
+        items += [f"<span style='color:{color}'>{glyphs[symbol]}</span>&nbsp;{label}"
+                  for symbol, color, label in MARKERS.values()]
+        return "&nbsp;&nbsp; ".join(items)
+
+    @staticmethod
+    def _right_axis(plot: pg.PlotItem, label: str) -> pg.ViewBox:
+        """A second y scale on the plot's right axis, sharing its x."""
+        view = pg.ViewBox(enableMouse=False)
+        plot.scene().addItem(view)
+        axis = plot.getAxis("right")
+        axis.setStyle(showValues=True)
+        axis.linkToView(view)
+        axis.setLabel(label)
+        axis.enableAutoSIPrefix(False)
+        view.setXLink(plot)
+        plot.vb.sigResized.connect(lambda: view.setGeometry(plot.vb.sceneBoundingRect()))
+        return view
 
     @staticmethod
     def _bars(plot: pg.PlotItem, color: str) -> pg.PlotCurveItem:
@@ -158,13 +237,27 @@ class Timeline(QWidget):
     def show_frame(self, frame: Frame) -> None:
         if frame.dead_counts is not None:
             self.dead_curve.setData(*frame.dead_counts)
+        self.markers.add(frame.events)
         self.redrew = self.add_records(frame.records)
 
     def clear(self) -> None:
         self.dead_curve.setData([], [])
         self.data = {f: np.zeros(0) for f in FIELDS}
         self._hit = self._query = 0
+        self.markers.clear()
+        self.region.hide()
+        self.range_label.hide()
+        self.fit()  # a new run: follow it again
         self._redraw()
+
+    @property
+    def following(self) -> bool:
+        return bool(self.time_plot.vb.autoRangeEnabled()[0])
+
+    def fit(self) -> None:
+        """Every step in view, and the newest followed as it comes."""
+        self.time_plot.enableAutoRange(x=True)
+        self.follow_button.hide()
 
     def add_records(self, records: list[StepRecord]) -> bool:
         """Append steps; returns whether the curves were redrawn now (a pixel's worth of new
@@ -173,6 +266,8 @@ class Timeline(QWidget):
             return False
         cols = {
             "step": [r.step for r in records],
+            "start_s": [r.start_s for r in records],
+            "wall_s": [r.wall_s for r in records],
             "prefill_ms": [r.prefill_s * 1e3 for r in records],
             "decode_ms": [r.decode_s * 1e3 for r in records],
             "prefill_tokens": [r.prefill_tokens for r in records],
@@ -200,6 +295,13 @@ class Timeline(QWidget):
     def _pixels_per_step(self) -> float:
         (x0, x1), _ = self.time_plot.vb.viewRange()
         return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        # Short plots have no room for their rotated axis titles (they would overlap): the
+        # legend line names the curves instead.
+        for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
+            p.getAxis("left").showLabel(self.height() >= LABELS_MIN_HEIGHT)
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
@@ -245,12 +347,17 @@ class Timeline(QWidget):
             if curve in bars:
                 bars[curve].setData([], [])
             curve.setData(*_peaks(x, y[first:end], per_pixel))
+        top = max(1.0, float(d["batch"].max())) if len(d["batch"]) else 1.0
+        if top != self._batch_top:  # the batch axis starts at 0, as the tokens axis does
+            self._batch_top = top
+            self.batch_view.setYRange(0, top, padding=0.05)
 
     def _on_x_range(self, *_) -> None:
         """Zoomed or panned (or resized): the curves get the steps now in view."""
+        self.follow_button.setVisible(not self.following)
         if self._shown is None or not len(self.data["step"]):
             return
-        follow = bool(self.time_plot.vb.autoRangeEnabled()[0])
+        follow = self.following
         if follow and self._shown[0] and self._shown[3] == max(1, int(
                 self.time_plot.vb.width())):
             return  # the view follows the data the curves already hold
@@ -262,12 +369,57 @@ class Timeline(QWidget):
             if step is not None:
                 line.setValue(step)
 
-    def _on_click(self, event) -> None:
+    def _step_index(self, scene_pos) -> int | None:
+        """The sample nearest the x under a scene point, if the point is on a plot."""
+        steps = self.data["step"]
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            if p.sceneBoundingRect().contains(event.scenePos()):
-                x = p.vb.mapSceneToView(event.scenePos()).x()
-                if len(self.data["step"]):
-                    i = int(np.clip(np.searchsorted(self.data["step"], x), 0,
-                                    len(self.data["step"]) - 1))
-                    self.step_clicked.emit(int(self.data["step"][i]))
-                return
+            if len(steps) and p.sceneBoundingRect().contains(scene_pos):
+                return int(np.abs(steps - p.vb.mapSceneToView(scene_pos).x()).argmin())
+        return None
+
+    def _on_hover(self, scene_pos) -> None:
+        i = self._step_index(scene_pos)
+        for line in self.hover_lines:
+            line.setVisible(i is not None)
+            if i is not None:
+                line.setValue(self.data["step"][i])
+        if i is not None:
+            self.readout.setText(readout(self.data, i,
+                                         self.markers.at(int(self.data["step"][i]))))
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        if event.type() == QEvent.Leave:
+            for line in self.hover_lines:
+                line.hide()
+            self.readout.setText(self.legend)
+        elif event.type() == QEvent.MouseButtonDblClick:
+            self.fit()
+        elif event.type() in (QEvent.MouseButtonPress, QEvent.MouseMove,
+                              QEvent.MouseButtonRelease):
+            return self._select_range(event)
+        return False
+
+    def _select_range(self, event) -> bool:
+        """Shift+drag selects a range of steps and shows its numbers (a plain drag pans)."""
+        if event.type() == QEvent.MouseButtonPress:
+            if not event.modifiers() & Qt.ShiftModifier or not len(self.data["step"]):
+                return False
+            x = self.time_plot.vb.mapSceneToView(self.glw.mapToScene(event.position().toPoint()))
+            self._drag_from = x.x()
+        if self._drag_from is None:
+            return False
+        x = self.time_plot.vb.mapSceneToView(
+            self.glw.mapToScene(event.position().toPoint())).x()
+        lo, hi = sorted((self._drag_from, x))
+        self.region.setRegion((lo, hi))
+        self.region.show()
+        self.range_label.setText(range_stats(self.data, lo, hi, self.markers.steps[ev.EVICTED]))
+        self.range_label.show()
+        if event.type() == QEvent.MouseButtonRelease:
+            self._drag_from = None
+        return True
+
+    def _on_click(self, event) -> None:
+        i = self._step_index(event.scenePos())
+        if i is not None:
+            self.step_clicked.emit(int(self.data["step"][i]))

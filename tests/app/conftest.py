@@ -18,6 +18,7 @@ def open_window(qtbot, tmp_path, engine_setup: str | None = None) -> MainWindow:
     qtbot.addWidget(w)
     w.resize(1400, 900)
     w.blocks_box.setValue(256)
+    w.pace_box.setValue(0)  # tests run at full speed; test_layout.py checks the pacing
     w.show()
     w.load_model("demo")
     qtbot.waitUntil(lambda: w.engine is not None, timeout=LOAD_TIMEOUT_MS)

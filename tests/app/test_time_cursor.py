@@ -84,7 +84,8 @@ def assert_shows_step(window, reader, n) -> None:
     snap = reader.snapshot_at(n)
     evicted = evicted_at(reader.events_at(n), n)
     assert window.snapshot.equals(snap)
-    assert np.array_equal(window.pool.codes, palette.display_codes(snap, evicted))
+    assert np.array_equal(window.pool.codes, palette.display_codes(snap))
+    assert sorted(window.pool.evicted.tolist()) == sorted(np.asarray(evicted).tolist())
     assert np.array_equal(to_array(grab_pool(window.pool)), rendered(window, snap, evicted))
     assert window.requests.snapshot.equals(snap) and window.tree.latest.equals(snap)
 

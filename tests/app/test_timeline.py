@@ -114,9 +114,13 @@ def test_a_click_selects_the_step_under_it(timeline, qtbot):
     vb = timeline.block_plot.vb
 
     class Click:
-        def scenePos(self):  # noqa: N802 - pyqtgraph's event API
-            return vb.mapViewToScene(QPointF(4321.2, 9000))
+        def __init__(self, x):
+            self.x = x
 
-    with qtbot.waitSignal(timeline.step_clicked) as got:
-        timeline._on_click(Click())
-    assert got.args == [4322]
+        def scenePos(self):  # noqa: N802 - pyqtgraph's event API
+            return vb.mapViewToScene(QPointF(self.x, 9000))
+
+    for x, nearest in ((4321.2, 4321), (4321.7, 4322)):  # steps are points at integer x
+        with qtbot.waitSignal(timeline.step_clicked) as got:
+            timeline._on_click(Click(x))
+        assert got.args == [nearest]

@@ -24,7 +24,7 @@ from kvscope.engine.workload import (
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
 SHIPPED = ("shared_system_prompt", "multi_turn_chat", "eviction_pressure", "two_tenants",
-           "chat_conversations")
+           "chat_conversations", "demo")
 BS = 4
 
 
