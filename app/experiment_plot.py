@@ -3,10 +3,10 @@ column against the result's x column (categories such as "fp8" become positions 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from kvscope.app import palette
+from kvscope.app.plot_png import write_plot_png
 from kvscope.engine.experiments.result import Result
 
 COLORS = (palette.ACTIVE_COLOR, palette.SHARED_COLOR, palette.DECODE_COLOR, palette.CACHED_COLOR)
@@ -35,17 +35,4 @@ def draw_result(item, result: Result) -> None:
 
 
 def write_result_png(path: Path, result: Result, width: int = 900) -> None:
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import pyqtgraph as pg
-    import pyqtgraph.exporters
-    from PySide6.QtWidgets import QApplication
-
-    _app = QApplication.instance() or QApplication([])
-    plot = pg.PlotWidget(background="w")
-    plot.resize(width, width * 5 // 9)
-    draw_result(plot.getPlotItem(), result)
-    exporter = pyqtgraph.exporters.ImageExporter(plot.getPlotItem())
-    exporter.parameters()["width"] = width
-    if not exporter.export(str(path)) and not path.exists():
-        raise OSError(f"{path}: could not write the PNG")
+    write_plot_png(path, lambda item: draw_result(item, result), width)

@@ -4,10 +4,10 @@ replayed, the infinite-cache ceiling as a dashed line."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from kvscope.app import palette
+from kvscope.app.plot_png import write_plot_png
 from kvscope.engine.lab.report import Row
 
 COLORS = {"lru": palette.ACTIVE_COLOR, "fifo": palette.SHARED_COLOR,
@@ -46,17 +46,4 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
 
 def write_curves_png(path: Path, lru_curve: list[tuple[int, float]], rows: list[Row],
                      width: int = 900) -> None:
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import pyqtgraph as pg
-    import pyqtgraph.exporters
-    from PySide6.QtWidgets import QApplication
-
-    _app = QApplication.instance() or QApplication([])
-    plot = pg.PlotWidget(background="w")
-    plot.resize(width, width * 5 // 9)
-    draw_curves(plot.getPlotItem(), lru_curve, rows)
-    exporter = pyqtgraph.exporters.ImageExporter(plot.getPlotItem())
-    exporter.parameters()["width"] = width
-    if not exporter.export(str(path)) and not path.exists():
-        raise OSError(f"{path}: could not write the PNG")
+    write_plot_png(path, lambda item: draw_curves(item, lru_curve, rows), width)
