@@ -47,8 +47,9 @@ def test_an_endpoint_that_sends_nothing_is_reported_after_the_duration():
     assert out.splitlines()[-1].startswith("blocks stored: 0,")
 
 
-def test_bad_address_and_window_mode_exit_2_with_one_line():
-    for args in (["nonsense", "--headless"], ["tcp://127.0.0.1:9"]):
+def test_bad_addresses_exit_2_with_one_line_headless_or_not():
+    for args in (["nonsense", "--headless"], ["nonsense"],
+                 ["tcp://127.0.0.1:9", "--metrics", "ftp://x/metrics", "--headless"]):
         proc = run_attach(*args)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
