@@ -33,10 +33,10 @@ class AttachSession:
     def __init__(self, endpoint: str, replay: str | None = None, topic: str = "",
                  metrics: str | None = None, record: str | None = None, dp_ranks: int = 1,
                  num_slots: int = DEFAULT_SLOTS, parity=None, tick_s: float = TICK_S,
-                 overwrite: bool = False, silent_s: float = SILENT_S):
+                 overwrite: bool = False, silent_s: float | None = None):
         """Raises ValueError (MetricsError included) for an address that cannot be used."""
         self.endpoint, self.record_path, self.overwrite = endpoint, record, overwrite
-        self.tick_s, self.silent_s = tick_s, silent_s
+        self.tick_s, self.silent_s = tick_s, SILENT_S if silent_s is None else silent_s
         self.recorder = None
         self._closed = False
         self.mirror = Mirror(parity)

@@ -129,11 +129,12 @@ class HashSlots:
             events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
                                    detail="removed by the server"))
 
-    def learn_block_size(self) -> bool:
+    def learn_block_size(self, journal: list | None = None) -> bool:
         """Take the server's block size from its first store not yet applied here (before a
         recording starts: the file stores it). Returns whether it is known."""
         if not self.sized:
-            entry = next((item[2] for item in self.mirror.journal if item[0] == "+"), None)
+            journal = self.mirror.journal if journal is None else journal
+            entry = next((item[2] for item in journal if item[0] == "+"), None)
             if entry is not None:
                 self.config.block_size, self.sized = entry[2], True
         return self.sized
@@ -157,8 +158,7 @@ class HashSlots:
                 late.append(item[1])
             else:
                 early.append(item[1])
-        if adds:
-            self.learn_block_size()
+        self.learn_block_size(journal)
         now = time.monotonic_ns()
         events: list[ev.Event] = []
         pool = self.pool
