@@ -19,15 +19,16 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QSpinBox,
 )
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.engine import events as ev
+from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS
 
-ATTACH_PREFIX = "attached: "  # an attached session's model name (kv_events.slots)
-SLOTS_NOTE = ("Hash slots: a cell is a block hash the server holds, not one of its blocks "
-              "(physical block ids are not published)")
+SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
+              "not published); darker = stored earlier")
 HEALTHY, UNHEALTHY = "#1a7f37", palette.EVICTED_COLOR
 
 
@@ -62,6 +63,10 @@ class AttachDialog(QDialog):
         form.addRow("Topic", self.topic)
         form.addRow("Metrics URL", self.metrics)
         form.addRow("Record to", record_row)
+        self.slots = QSpinBox(minimum=16, maximum=1 << 20, value=DEFAULT_SLOTS)
+        self.slots.setToolTip("Cells in the pool view: one per block hash the server holds "
+                              "(physical block ids are not published)")
+        form.addRow("Hash slots", self.slots)
         self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         self.buttons.button(QDialogButtonBox.Ok).setText("Attach")
         self.buttons.accepted.connect(self._accept)
@@ -78,7 +83,7 @@ class AttachDialog(QDialog):
     def options(self) -> dict:
         return dict(endpoint=self.endpoint.text().strip(), replay=self.replay.text().strip(),
                     topic=self.topic.text(), metrics=self.metrics.text().strip(),
-                    record=self.record.text().strip())
+                    record=self.record.text().strip(), slots=self.slots.value())
 
     def _accept(self) -> None:
         self.accept()
@@ -171,6 +176,10 @@ class AttachOverlay:
         else:
             tl.legend = self._legend
             tl.token_plot.setLabel("left", self._token_label)
+        # an attached server publishes no batches: no batch axis crammed beside the counts
+        batch_axis = tl.token_plot.getAxis("right")
+        batch_axis.setStyle(showValues=not self.active)
+        batch_axis.setLabel("" if self.active else "batch")
         tl.readout.setText(tl.legend)
 
     # --------------------------------------------------------------- frames
@@ -219,6 +228,7 @@ class AttachOverlay:
         short, lines, ok = source.health()
         self.w.docks["details"].show()
         self.w.docks["details"].raise_()
+        self.w.details.help_button.setChecked(False)  # the health lines get its room
         self.w.details.show_text("Mirror health" + ("" if ok else " (something was missed)"),
                                  "<br>".join(html.escape(x) for x in lines + [SLOTS_NOTE]))
 

@@ -18,8 +18,6 @@ import argparse
 import os
 import sys
 
-DEFAULT_SLOTS = 4096  # as kvscope.sessions.kv_events.slots.DEFAULT_SLOTS (no zmq import here)
-
 
 def add_parser(sub) -> None:
     from kvscope.app.cli import _positive_int
@@ -51,9 +49,9 @@ def add_parser(sub) -> None:
                    help="record the attached session to a .kvscope file (replays like any "
                    "other: kvscope replay FILE)")
     p.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
-    p.add_argument("--slots", type=_positive_int, default=DEFAULT_SLOTS, metavar="N",
-                   help="hash slots shown and recorded (physical block ids are not published; "
-                   f"default {DEFAULT_SLOTS})")
+    p.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+                   help="hash slots shown and recorded: one per resident block hash (physical "
+                   "block ids are not published; default 4096)")
     p.add_argument("--headless", action="store_true",
                    help="no window: listen for --duration seconds, print summary and health")
     p.add_argument("--duration", type=_seconds, default=10.0, metavar="S",
@@ -70,10 +68,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
         from kvscope.app.gui import run_gui  # Qt is imported only here
 
         return run_gui(attach=dict(endpoint=args.endpoint, replay=args.replay, topic=args.topic,
-                                   metrics=args.metrics, record=args.record))
+                                   metrics=args.metrics, record=args.record,
+                                   slots=args.slots))
     from kvscope.sessions.kv_events.metrics import MetricsError
     from kvscope.sessions.kv_events.parity import HashParity, HashSettings
     from kvscope.sessions.kv_events.session import AttachSession
+    from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS
 
     if args.record and not args.overwrite and os.path.exists(args.record):
         print(f"kvscope: error: {args.record} exists (replace it with --overwrite)",
@@ -83,7 +83,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         else None
     try:
         session = AttachSession(args.endpoint, args.replay, args.topic, args.metrics,
-                                args.record, args.dp_ranks, args.slots, parity,
+                                args.record, args.dp_ranks, args.slots or DEFAULT_SLOTS, parity,
                                 overwrite=args.overwrite, silent_s=float("inf"))
     except (ValueError, MetricsError) as e:
         print(f"kvscope: error: {e}", file=sys.stderr)

@@ -560,12 +560,13 @@ class MainWindow(QMainWindow):
         return dialog
 
     def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
-               record: str = "") -> bool:
+               record: str = "", slots: int | None = None) -> bool:
         """Show a server's KV events. A bad address shows the banner and changes nothing."""
         from kvscope.app.sources import AttachSource
 
         try:
-            source = AttachSource(endpoint, replay, topic, metrics, record)
+            source = AttachSource(endpoint, replay, topic, metrics, record,
+                                  **({"num_slots": slots} if slots else {}))
         except ValueError as e:
             self.banner.show_error(f"Cannot attach: {e}")
             return False

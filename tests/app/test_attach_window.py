@@ -79,7 +79,7 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
                     timeout=5000)
     # the pool: hash slots, and it says so
     assert w.pool.title.text().startswith("<b>Hash slots</b> · 7 resident of 4096 slots")
-    assert "not one of its blocks" in w.attach_view.note.text()
+    assert "not a physical block" in w.attach_view.note.text()
     # the tree: two identities/tiers (GPU, CPU), block 3 branching into 4 and 5
     assert tree_blocks(w) == 7 and len(w.tree.forest) == 2
     assert int((_parent_blocks(w.snapshot) == -1).sum()) == 2
@@ -99,6 +99,7 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     qtbot.waitUntil(lambda: len(w.timeline.data["cached"]) and
                     w.timeline.data["cached"][-1] == 5, timeout=3000)
     assert "removed blocks" in w.timeline.legend
+    assert not w.timeline.token_plot.getAxis("right").style["showValues"]  # no batches here
     # a click on the health line: every line in Details
     qtbot.mouseClick(w.attach_view.health, Qt.LeftButton)
     text = w.details.text.toPlainText()
@@ -107,6 +108,8 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     w.act_detach.trigger()
     assert not w.attach_view.health.isVisible() and not w.attach_view.note.isVisible()
     assert w.source is w.live and not w.act_detach.isEnabled()
+    assert "removed blocks" not in w.timeline.legend
+    assert w.timeline.token_plot.getAxis("right").style["showValues"]
 
 
 def test_bad_input_goes_to_the_banner_and_the_window_keeps_running(bare, qtbot, monkeypatch):
