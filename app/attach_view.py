@@ -140,6 +140,7 @@ class AttachOverlay:
             "ttft": (tl.time_plot, "#0072b2", None, "TTFT ms (metrics)"),
             "itl": (tl.time_plot, palette.DECODE_COLOR, dash, "ITL ms (metrics)"),
             "kv_usage": (tl.hit_plot, "#7f3fbf", None, "KV usage % (metrics)"),
+            "hit_rate": (tl.hit_plot, palette.CACHED_COLOR, dash, "hit % (SGLang gauge)"),
         }
         self.items = {}
         for name, (plot, color, style, _label) in self.curves.items():
@@ -210,7 +211,8 @@ class AttachOverlay:
         self._extend("removed", steps, list(removed.values()))
         self._extend("preemptions", steps, [r.num_preempted for r in frame.records])
         for step, m in frame.metrics:
-            for name, scale in (("ttft", 1e3), ("itl", 1e3), ("kv_usage", 100.0)):
+            for name, scale in (("ttft", 1e3), ("itl", 1e3), ("kv_usage", 100.0),
+                                ("hit_rate", 100.0)):
                 if name in m:
                     self._extend(name, [step], [m[name] * scale])
         for name, (x, y) in self.data.items():

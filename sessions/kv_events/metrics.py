@@ -24,8 +24,9 @@ COUNTERS = {
                 "vllm:gpu_prefix_cache_queries_total"),
     "hits": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
              "vllm:gpu_prefix_cache_hits_total"),
+    # SGLang's sglang:num_retracted_reqs is a gauge of the latest batch, not a count: not used
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions",
-                    "sglang:num_retracted_reqs_total", "sglang:num_retracted_reqs"),
+                    "sglang:num_retracted_requests_total"),
 }
 GAUGES = {  # fractions 0..1
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),

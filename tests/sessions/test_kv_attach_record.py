@@ -86,6 +86,26 @@ def test_metrics_are_parsed_summed_and_differenced():
         parse_metrics("this is { not metrics")
 
 
+def test_sglang_metrics_give_its_hit_rate_usage_and_retractions():
+    page = """\
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.28
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="m"} 0.5
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{model_name="m",pid="7"} 1.0
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{model_name="m"} 48.0
+# TYPE sglang:inter_token_latency_seconds histogram
+sglang:inter_token_latency_seconds_bucket{le="+Inf",model_name="m"} 4.0
+sglang:inter_token_latency_seconds_sum{model_name="m"} 0.1
+sglang:inter_token_latency_seconds_count{model_name="m"} 4.0
+"""
+    p = parse_metrics(page)
+    assert (p.kv_usage, p.hit_rate, p.preemptions, p.itl) == (0.28, 0.5, 48, (0.1, 4.0))
+    assert p.queries is None and p.ttft is None
+
+
 def test_unreachable_or_garbage_metrics_give_one_line():
     scraper = MetricsScraper("http://127.0.0.1:9/metrics", timeout_s=1)
     assert scraper.poll() == {} and scraper.error.startswith("cannot read http://127.0.0.1:9")
