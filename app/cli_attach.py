@@ -69,7 +69,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
         return run_gui(attach=dict(endpoint=args.endpoint, replay=args.replay, topic=args.topic,
                                    metrics=args.metrics, record=args.record,
-                                   slots=args.slots))
+                                   slots=args.slots, dp_ranks=args.dp_ranks))
     from kvscope.sessions.kv_events.metrics import MetricsError
     from kvscope.sessions.kv_events.parity import HashParity, HashSettings
     from kvscope.sessions.kv_events.session import AttachSession

@@ -26,5 +26,5 @@ def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | N
         window.model_box.setEditText(model)
         window.load_model(model)
     if attach is not None:
-        window.attach(**{k: v or ("" if k != "slots" else None) for k, v in attach.items()})
+        window.attach(**attach)
     return app.exec()

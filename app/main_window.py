@@ -560,12 +560,12 @@ class MainWindow(QMainWindow):
         return dialog
 
     def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
-               record: str = "", slots: int | None = None) -> bool:
+               record: str = "", slots: int | None = None, dp_ranks: int = 1) -> bool:
         """Show a server's KV events. A bad address shows the banner and changes nothing."""
         from kvscope.app.sources import AttachSource
 
         try:
-            source = AttachSource(endpoint, replay, topic, metrics, record,
+            source = AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks,
                                   **({"num_slots": slots} if slots else {}))
         except ValueError as e:
             self.banner.show_error(f"Cannot attach: {e}")

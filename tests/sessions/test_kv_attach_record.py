@@ -165,3 +165,31 @@ def test_headless_attach_with_unreachable_metrics_says_so_in_one_line():
     assert [ln for ln in err.splitlines() if "Metrics" in ln] == [
         ln for ln in err.splitlines() if ln.startswith("kvscope: Metrics: cannot read")]
     assert "metrics: cannot read http://127.0.0.1:9/metrics" in out
+
+
+def test_more_resident_blocks_than_slots_still_record_and_replay(tmp_path):
+    """The slot view keeps the newest blocks (the oldest are pushed out, counted as overflow),
+    and the recording replays step by step to the same pool."""
+    from kvscope.sessions.kv_events import Mirror
+    from kvscope.sessions.kv_events.slots import HashSlots
+    from kvscope.sessions.kv_events.wire import Batch, Removed, Stored
+    from kvscope.sessions.recorder import Recorder
+
+    mirror = Mirror()
+    slots = HashSlots(mirror, num_slots=8)
+    mirror.apply(Batch(0.0, [Stored([1], None, [], 4)]))
+    rec = Recorder(tmp_path / "small.kvscope", slots).start()
+    shown = []
+    for i in range(6):
+        mirror.apply(Batch(float(i), [Stored([10 * i + k for k in range(1, 4)], None, [], 4)]))
+        if i % 2:
+            mirror.apply(Batch(float(i), [Removed([10 * (i - 1) + 2])]))
+        slots.tick(float(i), 0.25)
+        shown.append(slots.snapshot())
+    rec.close()
+    assert mirror.num_resident == 15  # 18 hashes (1 stored twice), 3 removed
+    assert shown[-1].num_cached_blocks == 8 and slots.num_overflow >= 15 - 8
+    with SessionReader(tmp_path / "small.kvscope") as reader:
+        for snap in shown:
+            assert same_tree(reader.snapshot_at(snap.step), snap)
+            assert np.array_equal(reader.snapshot_at(snap.step).lru_rank, snap.lru_rank)
