@@ -129,6 +129,7 @@ class AttachOverlay:
         self.health = HealthLabel()
         self.health.hide()
         self.health.clicked.connect(self.show_details)
+        window.selection.blocks_changed.connect(self._describe_slots)
         tl = window.timeline
         self._legend = tl.legend
         self._token_label = tl.token_plot.getAxis("left").labelText
@@ -222,6 +223,15 @@ class AttachOverlay:
         xs, ys = self.data[name]
         xs.extend(x)
         ys.extend(y)
+
+    def _describe_slots(self, blocks) -> None:
+        """A click on a cell: what the server holds in that slot (after Details' own text)."""
+        source = self.w.source
+        if not blocks or not getattr(source, "attached", False):
+            return
+        lines = [source.describe_slot(int(b)) for b in list(blocks)[:20]]
+        self.w.details.show_text("Hash slot" + ("s" if len(lines) > 1 else ""),
+                                 "<br>".join(html.escape(x) for x in lines))
 
     def show_details(self) -> None:
         source = self.w.source

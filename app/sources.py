@@ -304,6 +304,14 @@ class AttachSource(FrameSource):
         with s.lock:
             return s.health_short, list(s.health_lines), s.healthy
 
+    def describe_slot(self, slot: int) -> str:
+        """What a hash slot of the pool view holds, as the mirror knows it now."""
+        try:
+            text = self.session.slots.describe(slot)
+        except (KeyError, RuntimeError):  # changed under us by the attach thread: ask again
+            text = None
+        return text or f"hash slot {slot}: empty (no block hash in it now)"
+
     def status_text(self, snap) -> str:
         hit = f" · hit {snap.token_hit_rate:.0%} (metrics)" if snap.query_tokens else ""
         return (f"attached · {self.name} · {snap.num_cached_blocks} resident blocks in "

@@ -64,6 +64,10 @@ def slot_hashes(key: tuple, entry: list) -> tuple[int, int]:
     return short_key(rank, group, medium, h), up
 
 
+def _show(h) -> str:
+    return (h.hex() if isinstance(h, bytes) else f"{h & (1 << 64) - 1:016x}")[:16] + "…"
+
+
 def _bytes(short: int) -> bytes:
     return short.to_bytes(8, "little")
 
@@ -128,6 +132,28 @@ class HashSlots:
         if gone:
             events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
                                    detail="removed by the server"))
+
+    def describe(self, slot: int) -> str | None:
+        """What a slot holds, in one line (None: an empty slot)."""
+        key = self.key_of.get(slot)
+        entry = self.mirror.blocks.get(key) if key is not None else None
+        if entry is None:
+            return None
+        rank, group, medium, h = key
+        refs, parent, size, (lora, salt) = entry
+        if parent is None:
+            up = "first block of its chain"
+        elif (rank, group, medium, parent) in self.mirror.blocks:
+            up = f"parent {_show(parent)}"
+        else:
+            up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
+        text = (f"hash slot {slot}: hash {_show(h)} · dp rank {rank} · KV group {group} · "
+                f"{medium} · {size} tokens · {up}")
+        if refs > 1:
+            text += f" · {refs} copies (duplicate stores)"
+        if lora or salt:
+            text += f" · LoRA {lora or 'none'}, salt {'set' if salt else 'none'}"
+        return text
 
     def learn_block_size(self, journal: list | None = None) -> bool:
         """Take the server's block size from its first store not yet applied here (before a

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QPointF, QSettings, Qt
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
 from kvscope.app.main_window import MainWindow
@@ -100,6 +100,13 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
                     w.timeline.data["cached"][-1] == 5, timeout=3000)
     assert "removed blocks" in w.timeline.legend
     assert not w.timeline.token_plot.getAxis("right").style["showValues"]  # no batches here
+    # a click on a cell: what the server holds in that slot
+    slot = int(np.flatnonzero(w.snapshot.state)[0])
+    pool = w.pool
+    scene = pool.plot.plotItem.vb.mapViewToScene(QPointF(*pool.cell_center(slot)))
+    qtbot.mouseClick(pool.plot.viewport(), Qt.LeftButton, pos=pool.plot.mapFromScene(scene))
+    text = w.details.text.toPlainText()
+    assert f"hash slot {slot}: hash " in text and "dp rank 0 · KV group 0 ·" in text, text
     # a click on the health line: every line in Details
     qtbot.mouseClick(w.attach_view.health, Qt.LeftButton)
     text = w.details.text.toPlainText()

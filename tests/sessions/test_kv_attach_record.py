@@ -193,3 +193,22 @@ def test_more_resident_blocks_than_slots_still_record_and_replay(tmp_path):
         for snap in shown:
             assert same_tree(reader.snapshot_at(snap.step), snap)
             assert np.array_equal(reader.snapshot_at(snap.step).lru_rank, snap.lru_rank)
+
+
+def test_a_slot_says_what_the_server_holds_in_it():
+    from kvscope.sessions.kv_events import Mirror
+    from kvscope.sessions.kv_events.slots import HashSlots
+    from kvscope.sessions.kv_events.wire import Batch, Stored
+
+    mirror = Mirror()
+    slots = HashSlots(mirror, num_slots=8)
+    mirror.apply(Batch(0.0, [Stored([1, 2], None, [], 4, medium="CPU", lora_name="ad"),
+                             Stored([2], 1, [], 4, medium="CPU", lora_name="ad"),
+                             Stored([9], 77, [], 4, group=1)], dp_rank=1))
+    slots.tick(0.0, 0.25)
+    text = {k[3]: slots.describe(s) for k, s in slots.slot_of.items()}
+    assert text[1].endswith("dp rank 1 · KV group 0 · CPU · 4 tokens · first block of its "
+                            "chain · LoRA ad, salt none")
+    assert "parent 0000000000000001… · 2 copies (duplicate stores)" in text[2]
+    assert "never seen (an orphan" in text[9] and "KV group 1 · GPU" in text[9]
+    assert slots.describe(7) is None
