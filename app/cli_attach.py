@@ -1,17 +1,21 @@
 """`kvscope attach`: mirror a vLLM or SGLang server's prefix cache from its KV events.
 
     kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] [--dp-ranks N]
-                   --headless --duration S
+                   [--metrics http://HOST:8000/metrics] [--record FILE [--overwrite]]
+                   [--slots N] [--headless --duration S]
                    [--hash-check sha256 [--hash-seed SEED]]
 
-Headless: listen for S seconds, then print the mirror's summary and health. A bad address is
-an error (exit 2); an endpoint that sends nothing, or sends something that is not KV events, is
-reported at the end (exit 2 when nothing usable arrived) and never stops the listening early.
+Without --headless the window opens attached (File > Attach... does the same). Headless: listen
+for S seconds, then print the mirror's summary, metrics and health. A bad address is an error
+(exit 2); an endpoint that sends nothing, or sends something that is not KV events, is reported
+at the end (exit 2 when nothing usable arrived) and never stops the listening early. --record
+writes a .kvscope session (the hash slots, step by step) that replays like any other.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -37,6 +41,17 @@ def add_parser(sub) -> None:
     p.add_argument("--hash-seed", default="vllm-none-hash", metavar="SEED",
                    help="with --hash-check: the server's PYTHONHASHSEED (default: vLLM's fixed "
                    "seed, vllm-none-hash)")
+    p.add_argument("--metrics", metavar="URL", default=None,
+                   help="the server's Prometheus endpoint, e.g. http://HOST:8000/metrics: "
+                   "prefix-cache queries/hits, KV usage, preemptions, TTFT and ITL, scraped "
+                   "every second beside the events")
+    p.add_argument("--record", metavar="FILE", default=None,
+                   help="record the attached session to a .kvscope file (replays like any "
+                   "other: kvscope replay FILE)")
+    p.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
+    p.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+                   help="hash slots shown and recorded: one per resident block hash (physical "
+                   "block ids are not published; default 4096)")
     p.add_argument("--headless", action="store_true",
                    help="no window: listen for --duration seconds, print summary and health")
     p.add_argument("--duration", type=_seconds, default=10.0, metavar="S",
@@ -45,48 +60,67 @@ def add_parser(sub) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    if not args.headless:
-        print("kvscope: error: attaching in the window is not available yet; use --headless "
-              "[--duration S]", file=sys.stderr)
+    problem = check_addresses(args.endpoint, args.replay, args.metrics)
+    if problem:
+        print(f"kvscope: error: {problem}", file=sys.stderr)
         return 2
-    from kvscope.sessions.kv_events import Attachment, Mirror
-    from kvscope.sessions.kv_events.parity import HashParity, HashSettings
-    from kvscope.sessions.kv_events.subscriber import listen, rank_endpoint
+    if not args.headless:
+        from kvscope.app.gui import run_gui  # Qt is imported only here
 
-    mirror = Mirror(HashParity(HashSettings(args.hash_check, args.hash_seed))
-                    if args.hash_check else None)
-    attachments = []
+        return run_gui(attach=dict(endpoint=args.endpoint, replay=args.replay, topic=args.topic,
+                                   metrics=args.metrics, record=args.record,
+                                   slots=args.slots, dp_ranks=args.dp_ranks))
+    from kvscope.sessions.kv_events.metrics import MetricsError
+    from kvscope.sessions.kv_events.parity import HashParity, HashSettings
+    from kvscope.sessions.kv_events.session import AttachSession
+    from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS
+
+    if args.record and not args.overwrite and os.path.exists(args.record):
+        print(f"kvscope: error: {args.record} exists (replace it with --overwrite)",
+              file=sys.stderr)
+        return 2
+    parity = HashParity(HashSettings(args.hash_check, args.hash_seed)) if args.hash_check \
+        else None
     try:
-        for r in range(args.dp_ranks):
-            replay = rank_endpoint(args.replay, r) if args.replay else None
-            attachments.append(Attachment(rank_endpoint(args.endpoint, r), replay, args.topic,
-                                          mirror))
-    except ValueError as e:
-        for a in attachments:
-            a.close()
+        session = AttachSession(args.endpoint, args.replay, args.topic, args.metrics,
+                                args.record, args.dp_ranks, args.slots or DEFAULT_SLOTS, parity,
+                                overwrite=args.overwrite, silent_s=float("inf"))
+    except (ValueError, MetricsError) as e:
         print(f"kvscope: error: {e}", file=sys.stderr)
         return 2
     print(f"kvscope attach: {args.endpoint}" + (f", replay {args.replay}" if args.replay else "")
           + (f", {args.dp_ranks} data-parallel ranks" if args.dp_ranks > 1 else "")
+          + (f", metrics {args.metrics}" if args.metrics else "")
+          + (f", recording {args.record}" if args.record else "")
           + f", listening {args.duration:g} s", flush=True)
     try:
-        for a in attachments:
-            a.start()
-        listen(attachments, args.duration)
+        session.run(args.duration)
     except KeyboardInterrupt:
         print("interrupted")
     finally:
-        for a in attachments:
-            a.close()
+        session.close()
+    for problem in session.take_problems():
+        print(f"kvscope: {problem}", file=sys.stderr)
+    mirror = session.mirror
     usable = bool(mirror.health.first_seq)
     if not usable:
         print(f"kvscope: no KV events from {args.endpoint} in {args.duration:g} s "
-              f"({sum(a.num_messages for a in attachments)} messages, "
+              f"({sum(a.num_messages for a in session.attachments)} messages, "
               f"{mirror.health.bad_messages} not KV events): is the server publishing "
               "(--kv-events-config with \"publisher\": \"zmq\"), and are the address and topic "
               "right?", file=sys.stderr)
-    print(mirror.summary())
+    print(session.summary())
     return 0 if usable else 2
+
+
+def check_addresses(endpoint: str, replay: str | None, metrics: str | None) -> str | None:
+    """Why these addresses cannot be used (None: they can), without connecting anywhere."""
+    for name, value in (("endpoint", endpoint), ("replay endpoint", replay)):
+        if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+            return f"{name} {value!r} is not a ZMQ address (tcp://HOST:PORT, ipc://PATH)"
+    if metrics is not None and not metrics.startswith(("http://", "https://")):
+        return f"metrics URL {metrics!r} is not http(s)://HOST:PORT/metrics"
+    return None
 
 
 def _seconds(text: str) -> float:

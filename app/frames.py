@@ -45,12 +45,15 @@ class Frame:
     # the pool's chain roots; None: not known
     dead: np.ndarray | None = None
     dead_counts: tuple[np.ndarray, np.ndarray] | None = None  # (steps, dead blocks), sampled
+    # an attached server's Prometheus numbers: (step, {"kv_usage", "ttft", "itl", ...}), new
+    metrics: list[tuple[int, dict]] = field(default_factory=list)
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""
         self.records.extend(later.records)
         self.events.extend(later.events)
         self.explanations.update(later.explanations)
+        self.metrics.extend(later.metrics)
         if later.snapshot is not None:
             self.snapshot, self.evicted, self.dead = later.snapshot, later.evicted, later.dead
         if later.requests is not None:

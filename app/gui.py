@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 
 
-def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | None = None
-            ) -> int:
-    """Open the window with `model` loaded, or replaying `session` (a .kvscope file)."""
+def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | None = None,
+            attach: dict | None = None) -> int:
+    """Open the window with `model` loaded, or replaying `session` (a .kvscope file), or
+    attached to a server (`attach`: MainWindow.attach's arguments; the model loads beside)."""
     import pyqtgraph as pg
     from PySide6.QtWidgets import QApplication
 
@@ -24,4 +25,6 @@ def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | N
     else:
         window.model_box.setEditText(model)
         window.load_model(model)
+    if attach is not None:
+        window.attach(**attach)
     return app.exec()

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
+from kvscope.app.attach_view import AttachDialog, AttachOverlay
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.frames import EngineInfo, Frame
@@ -108,6 +109,9 @@ class MainWindow(QMainWindow):
         self.recording_label = QLabel()  # says "● recording <file>" while recording
         self.recording_label.setStyleSheet(f"color: {palette.EVICTED_COLOR}")
         self.statusBar().addPermanentWidget(self.recording_label)
+        self.attach_view = AttachOverlay(self)  # only while an attached server is shown
+        self.centralWidget().layout().insertWidget(2, self.attach_view.note)
+        self.statusBar().addPermanentWidget(self.attach_view.health)
         self.frame_timer = QTimer(self)
         self.frame_timer.timeout.connect(self.pull_frame)
         self.frame_timer.start(FRAME_MS)
@@ -190,6 +194,12 @@ class MainWindow(QMainWindow):
         for a in (self.act_open_model, self.act_workload, self.act_open_session,
                   self.act_record, self.act_export):
             file_menu.addAction(a)
+        file_menu.addSeparator()
+        self.act_attach = file_menu.addAction("Attach…", self.attach_dialog)
+        self.act_attach.setShortcut(QKeySequence("Ctrl+Shift+A"))
+        self.act_attach.setToolTip("Show a vLLM/SGLang server's KV cache from its KV events")
+        self.act_detach = file_menu.addAction("Detach", lambda: self.set_source(self.live))
+        self.act_detach.setEnabled(False)
         self.view_menu = self.menuBar().addMenu("&View")
         for dock in self.docks.values():
             self.view_menu.addAction(dock.toggleViewAction())
@@ -437,7 +447,7 @@ class MainWindow(QMainWindow):
             if step is not None:
                 self.selection.select_step(None)  # the newest step: follow it again
                 return
-            self.show_frame(self.live.newest())
+            self.show_frame(self.source.newest())
             return
         if step is None:
             return
@@ -455,6 +465,10 @@ class MainWindow(QMainWindow):
             self.worker.stop_recording()
             return
         self.act_record.setChecked(False)  # checked once the worker says it records
+        if getattr(self.source, "attached", False):
+            self.banner.show_error("An attached server is recorded from File → Attach… "
+                                   "(Record to), or with kvscope attach --record FILE.")
+            return
         if self.engine is None:
             self.banner.show_error("Load a model before recording.")
             return
@@ -537,6 +551,31 @@ class MainWindow(QMainWindow):
         self.set_source(source)
         return True
 
+    def attach_dialog(self) -> AttachDialog:
+        """File → Attach…: a non-modal dialog; its Attach button calls attach()."""
+        dialog = AttachDialog(self)
+        dialog.attach_requested.connect(lambda options: self.attach(**options))
+        dialog.show()
+        self.attach_window = dialog
+        return dialog
+
+    def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
+               record: str = "", slots: int | None = None, dp_ranks: int = 1) -> bool:
+        """Show a server's KV events. A bad address shows the banner and changes nothing."""
+        from kvscope.app.sources import AttachSource
+
+        try:
+            source = AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks,
+                                  **({"num_slots": slots} if slots else {}))
+        except ValueError as e:
+            self.banner.show_error(f"Cannot attach: {e}")
+            return False
+        source.on_problem = lambda text: self.banner.show_error(f"Attached to {endpoint}: {text}")
+        self.worker.pause()
+        self.set_source(source)
+        self.recording_label.setText(f"● recording {Path(record).name}" if record else "")
+        return True
+
     @property
     def reader(self):
         """The session being replayed (None: live)."""
@@ -557,8 +596,12 @@ class MainWindow(QMainWindow):
         self.replay_bar.setVisible(not source.live)
         self.replay_bar.play_button.setChecked(False)
         self.selection.reset()
+        self.attach_view.set_source(source)
+        self.act_detach.setEnabled(getattr(source, "attached", False))
+        if not getattr(source, "attached", False) and self.recording_path is None:
+            self.recording_label.setText("")
         if source.live:
-            self.show_frame(self.live.everything())
+            self.show_frame(source.everything())
             return
         steps = source.step_range()
         first = source.take_frame()
@@ -660,7 +703,7 @@ class MainWindow(QMainWindow):
         self._demo_started = False
         self.worker.pace(self.pace_box.value())  # a new engine process: tell it the pace
         self.live.reset()
-        if self.source.live:
+        if self.source is self.live:  # not an attached server
             self.set_source(self.live)
         self.status.setText(f"{self.model_name} loaded · {HINT}")
 
@@ -743,6 +786,7 @@ class MainWindow(QMainWindow):
             self._update_tree()
         self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
                                self.model_name, self.engine, self.running)
+        self.attach_view.after_frame(frame)
 
     def _update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild

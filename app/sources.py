@@ -234,3 +234,94 @@ class LiveSource(FrameSource):
 
     def close(self) -> None:
         self.reset()
+
+
+ATTACHED_READ_ONLY = ("An attached server's cache is shown, not changed: File → Detach returns "
+                      "to the engine")
+
+
+class AttachSource(FrameSource):
+    """A vLLM or SGLang server's KV events (or `kvscope serve --kv-events`): its cache mirrored
+    as hash slots (physical block ids are not published), one step per tick, on a thread of its
+    own (`AttachSession`). Problems (nothing arrives, not KV events, metrics unreadable) go to
+    `on_problem` one line each; the last `HISTORY` steps can be looked at again."""
+
+    live = True
+    attached = True
+
+    def __init__(self, endpoint: str, replay: str | None = None, topic: str = "",
+                 metrics: str | None = None, record: str | None = None, **options):
+        """Raises ValueError with a one-line message for an address that cannot be used."""
+        from kvscope.sessions.kv_events.session import AttachSession
+
+        self.session = AttachSession(endpoint, replay or None, topic, metrics or None,
+                                     record or None, **options)
+        self.name = endpoint
+        self.record_path = record or None
+        self.read_only = ATTACHED_READ_ONLY
+        self.on_problem = None  # called with each problem, one line
+        self.session.start()
+
+    def take_frame(self) -> Frame | None:
+        s = self.session
+        for problem in s.take_problems():
+            if self.on_problem is not None:
+                self.on_problem(problem)
+        updates, metrics = s.take_updates()
+        if not updates:
+            return None
+        with s.lock:
+            snap = s.latest
+        events = [e for u in updates for e in u.events]
+        del events[:-MAX_EVENTS]
+        return Frame(snapshot=snap, evicted=evicted_at(events, snap.step),
+                     records=[u.record for u in updates], events=events, requests=[],
+                     metrics=metrics)
+
+    def newest(self) -> Frame:
+        with self.session.lock:
+            snap = self.session.latest
+        return Frame(snapshot=snap, requests=[])
+
+    everything = newest  # what was shown before stays in the panels that keep history
+
+    def step_range(self) -> tuple[int, int] | None:
+        with self.session.lock:
+            kept = list(self.session.history)
+        return (kept[0][0], kept[-1][0]) if kept else None
+
+    def frame_at(self, step: int) -> Frame:
+        with self.session.lock:
+            kept = dict(self.session.history)
+        if step not in kept:
+            raise SessionError(f"step {step} is no longer kept (an attached session keeps its "
+                               f"last {len(kept)} steps; a recording keeps all of them)")
+        return Frame(snapshot=kept[step], requests=[])
+
+    def health(self) -> tuple[str, list[str], bool]:
+        """(one line for the status bar, every line, True when nothing was missed)."""
+        s = self.session
+        with s.lock:
+            return s.health_short, list(s.health_lines), s.healthy
+
+    def describe_slot(self, slot: int) -> str:
+        """What a hash slot of the pool view holds, as the mirror knows it now."""
+        try:
+            text = self.session.slots.describe(slot)
+        except (KeyError, RuntimeError):  # changed under us by the attach thread: ask again
+            text = None
+        return text or f"hash slot {slot}: empty (no block hash in it now)"
+
+    def status_text(self, snap) -> str:
+        hit = f" · hit {snap.token_hit_rate:.0%} (metrics)" if snap.query_tokens else ""
+        return (f"attached · {self.name} · {snap.num_cached_blocks} resident blocks in "
+                f"{snap.num_blocks} hash slots · step {snap.step}{hit}")
+
+    def settings(self) -> dict:
+        cfg = self.session.slots.config
+        return {"model": f"attached: {self.name}", "num_blocks": cfg.num_blocks,
+                "block_size": cfg.block_size, "kv_cache_dtype": None,
+                "enable_prefix_caching": True, "policy": None}
+
+    def close(self) -> None:
+        self.session.stop()

@@ -67,6 +67,9 @@ class Mirror:
         self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
         self.evictions: Counter = Counter()  # whole second of the batch timestamp -> removes
         self.health = Health()
+        # When a list: ("+", key, entry) for each key that became resident, ("-", key) for each
+        # that stopped being, in order (the hash-slot view drains it: see slots.py).
+        self.journal: list | None = None
 
     # ---------------------------------------------------------------------- applying
     def apply(self, batch: Batch) -> None:
@@ -91,8 +94,10 @@ class Mirror:
             key = (rank, group, medium, h)
             entry = blocks.get(key)
             if entry is None:
-                blocks[key] = [1, parent, e.block_size, identity]
+                blocks[key] = entry = [1, parent, e.block_size, identity]
                 where[(rank, group, h)] += 1
+                if self.journal is not None:
+                    self.journal.append(("+", key, entry))
             else:
                 entry[0] += 1
                 self.health.duplicate_stores += 1
@@ -112,6 +117,8 @@ class Mirror:
             if entry[0] == 0:
                 del blocks[key]
                 self._forget(rank, e.group, h)
+                if self.journal is not None:
+                    self.journal.append(("-", key))
         self.num_removed += n
         self.evictions[int(ts)] += n
 
@@ -126,6 +133,8 @@ class Mirror:
         for key in [k for k in self.blocks if k[0] == rank]:
             self.num_cleared += self.blocks.pop(key)[0]
             self._forget(rank, key[1], key[3])
+            if self.journal is not None:
+                self.journal.append(("-", key))
 
     # ---------------------------------------------------------------------- queries
     @property

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from kv_fake_publisher import FakePublisher, batch, removed, stored
+from kv_serve import finish, serve_kv_events
 
 from kvscope.sessions.kv_events import Attachment
 
@@ -47,33 +48,22 @@ def test_an_endpoint_that_sends_nothing_is_reported_after_the_duration():
     assert out.splitlines()[-1].startswith("blocks stored: 0,")
 
 
-def test_bad_address_and_window_mode_exit_2_with_one_line():
-    for args in (["nonsense", "--headless"], ["tcp://127.0.0.1:9"]):
+def test_bad_addresses_exit_2_with_one_line_headless_or_not():
+    for args in (["nonsense", "--headless"], ["nonsense"],
+                 ["tcp://127.0.0.1:9", "--metrics", "ftp://x/metrics", "--headless"]):
         proc = run_attach(*args)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
 
 
 def test_kvscope_serve_publishes_what_kvscope_attach_mirrors():
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.app", "serve", "--kv-events", "tcp://127.0.0.1:*",
-         "--kv-events-replay", "tcp://127.0.0.1:*", "--workload", "eviction_pressure",
-         "--num-blocks", "48", "--block-size", "4", "--wait", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = [serve.stdout.readline() for _ in range(2)]
-        assert lines[1].startswith("publishing KV events on "), lines
-        endpoint, replay = (w.rstrip(",") for w in lines[1].split()[4::3])
-        att = Attachment(endpoint, replay, replay_timeout_s=5.0).start()
-        while serve.poll() is None:
+    with serve_kv_events(1) as served:
+        att = Attachment(served.endpoint, served.replay, replay_timeout_s=5.0).start()
+        while served.proc.poll() is None:
             att.poll(50)
         att.poll(200)
-        out = serve.stdout.read()
-    finally:
-        serve.kill()
-        serve.wait()
-    published = next(ln for ln in out.splitlines() if ln.startswith("published"))
-    batches, events = int(published.split()[1]), int(published.split()[3])
+        finish(served)
+    batches, events = served.batches, served.events
     m, h = att.mirror, att.health
     assert att.last == batches - 1 and m.num_stored + m.num_removed == events
     assert m.num_removed > 0 and h.lost == 0 and h.orphans == 0 and h.bad_messages == 0

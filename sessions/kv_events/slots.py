@@ -1,0 +1,229 @@
+"""The mirror as a pool of hash slots: what the window shows and what a recording stores.
+
+Physical block ids are not published, so each resident key of the mirror (data-parallel rank,
+KV group, medium, hash) gets a slot of a `BlockPool` (the engine's own pool rules). A stored
+block is allocated, cached under a short hash of its key and released (state "cached"); a
+removed one is uncached (state "free"). Every change is an engine event (ALLOCATED, CACHED,
+FREED, UNCACHED, and EVICTED when more blocks are resident than there are slots), one step per
+tick, so `Recorder` records the attached server like an engine and `SessionReader` replays it:
+one schema. A chain's first block hangs under a root per identity (LoRA name, salt, rank,
+group, medium); a block whose parent was never seen under a root of its own (an orphan).
+
+`HashSlots` quacks like the parts of `Engine` the recorder uses: config, num_blocks, loaded,
+subscribe/unsubscribe, pool_state, unfinished_requests, request_output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from kvscope.engine import events as ev
+from kvscope.engine.block_pool import BlockPool
+from kvscope.engine.metrics import StepRecord
+from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
+from kvscope.engine.stream import StepUpdate
+from kvscope.sessions.kv_events.mirror import Mirror
+
+DEFAULT_SLOTS = 4096
+ATTACH_PREFIX = "attached: "  # the recorded model name of an attached session starts with it
+
+
+@dataclass
+class SlotConfig:
+    """What a recording of an attached server stores as its engine config."""
+
+    block_size: int
+    num_blocks: int
+    endpoint: str = ""
+    replay: str | None = None
+    topic: str = ""
+    metrics: str | None = None
+    record_events: bool = True
+    enable_prefix_caching: bool = True
+    eviction_policy: str = "lru"
+    kv_cache_dtype: str | None = None
+    device: str = "attached"
+
+
+def short_key(*parts) -> int:
+    """A stable nonzero 64-bit key of a mirror key or a root (never Python's hash())."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def slot_hashes(key: tuple, entry: list) -> tuple[int, int]:
+    """(the slot's short hash, its parent's): the parent block's key in the same rank, group and
+    medium, or the root of the chain's identity for a first block."""
+    rank, group, medium, h = key
+    parent, identity = entry[1], entry[3]
+    up = short_key("root", rank, group, medium, *identity) if parent is None else \
+        short_key(rank, group, medium, parent)
+    return short_key(rank, group, medium, h), up
+
+
+def _show(h) -> str:
+    return (h.hex() if isinstance(h, bytes) else f"{h & (1 << 64) - 1:016x}")[:16] + "…"
+
+
+def _bytes(short: int) -> bytes:
+    return short.to_bytes(8, "little")
+
+
+class HashSlots:
+    def __init__(self, mirror: Mirror, num_slots: int = DEFAULT_SLOTS, block_size: int = 16,
+                 name: str = "attached", **config):
+        self.mirror = mirror
+        if mirror.journal is None:
+            mirror.journal = []
+        self.pool = BlockPool(num_slots)
+        self.config = SlotConfig(block_size, num_slots, **config)
+        self.loaded = SimpleNamespace(name=ATTACH_PREFIX + name, fingerprint=None)
+        self.cache_identity = ""
+        self.device = "attached"
+        self.slot_of: dict[tuple, int] = {}  # mirror key -> slot
+        self.key_of: dict[int, tuple] = {}  # slot -> mirror key
+        self.step = -1
+        self.num_overflow = 0  # resident blocks pushed out of the slot view (too few slots)
+        self.hits = self.queries = 0  # cumulative, from the metrics endpoint
+        self.sized = False  # block_size is the server's (seen in a store)
+        self._subs: list = []
+
+    # ------------------------------------------------------------- engine-like
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def subscribe(self, callback) -> None:
+        self._subs.append(callback)
+
+    def unsubscribe(self, callback) -> None:
+        if callback in self._subs:
+            self._subs.remove(callback)
+
+    def unfinished_requests(self) -> list:
+        return []
+
+    def request_output(self, request_id: int):
+        return None
+
+    def counters(self) -> CacheCounters:
+        return CacheCounters(hit_tokens=self.hits, query_tokens=self.queries,
+                             num_evicted_blocks=self.mirror.num_removed)
+
+    def pool_state(self) -> PoolState:
+        return PoolState(max(self.step, 0), self.config.block_size, self.pool.copy(), {}, {},
+                         self.counters())
+
+    def snapshot(self) -> Snapshot:
+        return self.pool_state().snapshot()
+
+    # ------------------------------------------------------------- ticking
+    def _uncache(self, keys: list[tuple], step: int, now: int, events: list) -> None:
+        gone = []
+        for key in keys:
+            slot = self.slot_of.pop(key, None)
+            if slot is not None:
+                del self.key_of[slot]
+                self.pool.uncache(slot)
+                gone.append(slot)
+        if gone:
+            events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
+                                   detail="removed by the server"))
+
+    def describe(self, slot: int) -> str | None:
+        """What a slot holds, in one line (None: an empty slot)."""
+        key = self.key_of.get(slot)
+        entry = self.mirror.blocks.get(key) if key is not None else None
+        if entry is None:
+            return None
+        rank, group, medium, h = key
+        refs, parent, size, (lora, salt) = entry
+        if parent is None:
+            up = "first block of its chain"
+        elif (rank, group, medium, parent) in self.mirror.blocks:
+            up = f"parent {_show(parent)}"
+        else:
+            up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
+        text = (f"hash slot {slot}: hash {_show(h)} · dp rank {rank} · KV group {group} · "
+                f"{medium} · {size} tokens · {up}")
+        if refs > 1:
+            text += f" · {refs} copies (duplicate stores)"
+        if lora or salt:
+            text += f" · LoRA {lora or 'none'}, salt {'set' if salt else 'none'}"
+        return text
+
+    def learn_block_size(self, journal: list | None = None) -> bool:
+        """Take the server's block size from its first store not yet applied here (before a
+        recording starts: the file stores it). Returns whether it is known."""
+        if not self.sized:
+            journal = self.mirror.journal if journal is None else journal
+            entry = next((item[2] for item in journal if item[0] == "+"), None)
+            if entry is not None:
+                self.config.block_size, self.sized = entry[2], True
+        return self.sized
+
+    def tick(self, start_s: float, wall_s: float, metrics: dict | None = None) -> StepUpdate:
+        """One step: what the mirror changed since the last tick, as pool events; metrics is
+        a `metrics.delta` (query/hit tokens, preemptions) or None. Subscribers get the update."""
+        step = self.step = self.step + 1
+        journal, self.mirror.journal = self.mirror.journal, []
+        # Removes of blocks stored before this tick go first, then the stores, then removes of
+        # blocks stored within it: every store and remove becomes an event.
+        adds: dict[tuple, list] = {}
+        early: list[tuple] = []
+        late: list[tuple] = []
+        for item in journal:
+            if item[0] == "+":
+                if item[1] in late:  # stored, removed and stored again within the tick
+                    late.remove(item[1])
+                adds[item[1]] = item[2]
+            elif item[1] in adds:
+                late.append(item[1])
+            else:
+                early.append(item[1])
+        self.learn_block_size(journal)
+        now = time.monotonic_ns()
+        events: list[ev.Event] = []
+        pool = self.pool
+        self._uncache(early, step, now, events)
+        keys = list(adds)
+        if len(keys) > pool.num_blocks:
+            self.num_overflow += len(keys) - pool.num_blocks
+            keys = keys[-pool.num_blocks:]
+        if keys:
+            got, evicted = pool.allocate(len(keys), step)
+            for slot in evicted:  # too few slots: the oldest resident blocks leave the view
+                self.slot_of.pop(self.key_of.pop(slot), None)
+            self.num_overflow += len(evicted)
+            if evicted:
+                events.append(ev.Event(ev.EVICTED, step, None, tuple(evicted), now,
+                                       detail="more resident blocks than slots"))
+            events.append(ev.Event(ev.ALLOCATED, step, None, tuple(got), now))
+            shorts, parents = [], []
+            for slot, key in zip(got, keys, strict=True):
+                h, p = slot_hashes(key, adds[key])
+                pool.cache(slot, _bytes(h), _bytes(p))
+                self.slot_of[key], self.key_of[slot] = slot, key
+                shorts.append(h)
+                parents.append(p)
+            events.append(ev.Event(ev.CACHED, step, None, tuple(got), now,
+                                   (*shorts, *parents)))
+            tail_first = got[::-1]
+            pool.release(tail_first, step)
+            events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now))
+        self._uncache(late, step, now, events)
+        m = metrics or {}
+        hits, queries = int(m.get("hits", 0)), int(m.get("queries", 0))
+        self.hits += hits
+        self.queries += queries
+        record = StepRecord(step, start_s, wall_s=wall_s, batch_size=0,
+                            num_free_blocks=pool.num_blocks - pool.num_cached,
+                            num_cached_blocks=pool.num_cached, hit_tokens=hits,
+                            query_tokens=queries, num_preempted=int(m.get("preemptions", 0)))
+        update = StepUpdate(record, events, [], counters=self.counters())
+        for callback in list(self._subs):
+            callback(update)
+        return update
