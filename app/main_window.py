@@ -69,13 +69,13 @@ def _dock_layout(w) -> list:
         ("composer", "Prompt", w.composer, Qt.LeftDockWidgetArea),
         ("tree", "Prefix tree", w.tree, Qt.RightDockWidgetArea),
         ("details", "Details / Why it missed", w.details, Qt.RightDockWidgetArea),
-        ("text", "Text", w.text, Qt.RightDockWidgetArea),
         ("capacity", "Capacity", w.capacity, Qt.RightDockWidgetArea),
         ("device", "Device", w.device, Qt.RightDockWidgetArea),
         ("lab", "Cache lab", w.lab, Qt.RightDockWidgetArea),
         ("experiments", "Experiments", w.experiments, Qt.RightDockWidgetArea),
         ("timeline", "Timeline", w.timeline, Qt.BottomDockWidgetArea),
         ("events", "Events", w.events, Qt.BottomDockWidgetArea),
+        ("text", "Text", w.text, Qt.RightDockWidgetArea),
     ]
 
 

@@ -6,7 +6,7 @@ is shown as far as it had come; without recorded text, token counts and blocks o
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from kvscope.app import palette
@@ -23,7 +23,7 @@ def tint(color: str, t: float = 0.6) -> str:
 CACHED_BG = tint(palette.CACHED_COLOR)  # prompt tokens served from the prefix cache
 COMPUTED_BG = tint(palette.PREFILL_COLOR)  # prompt tokens computed (prefill)
 OUTPUT_BG = tint(palette.DECODE_COLOR)  # generated tokens (decode)
-TICK_COLOR = "#606060"
+TICK_COLOR = "#303030"
 TICK = "\u258f"  # ▏ where a block starts
 NEWLINE = "\u2028"  # a newline of a prompt or output: a line break that keeps its format
 KIND = QTextCharFormat.UserProperty + 1  # what a span of the document is: see the constants
@@ -49,11 +49,10 @@ class TextPanel(QWidget):
         self.rows: list[RequestRow] = []
         self.title = QLabel()
         self.title.setWordWrap(True)  # a long title wraps, never widens the window
-        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Maximum)
         self.title.setTextFormat(Qt.RichText)
         self.legend = QLabel(LEGEND)
-        self.legend.setWordWrap(True)
-        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Maximum)
         self.legend.setToolTip("Prompt tokens served from the prefix cache were not computed "
                                "again; a tick marks where each block of the KV cache starts")
         self.view = QTextEdit()
@@ -175,7 +174,7 @@ class TextPanel(QWidget):
                 cursor.insertText("".join(run).replace("\n", NEWLINE), _format(kind))
                 run = []
             if boundary:
-                cursor.insertText(TICK, _tick(pos // bs, pos))
+                cursor.insertText(TICK, _tick(pos // bs, pos, k))
             run.append(piece)
             kind = k
         if run:
@@ -204,7 +203,7 @@ class TextPanel(QWidget):
             while pos < hi:
                 end = min(hi, (pos // bs + 1) * bs)
                 if pos % bs == 0 and pos > 0:
-                    cursor.insertText(TICK, _tick(pos // bs, pos))
+                    cursor.insertText(TICK, _tick(pos // bs, pos, kind_of(pos)))
                 cursor.insertText(f" {pos}–{end - 1} ", _format(kind_of(pos)))
                 pos = end
 
@@ -230,10 +229,15 @@ def _format(kind: str, italic: bool = False) -> QTextCharFormat:
     return fmt
 
 
-def _tick(block: int, pos: int) -> QTextCharFormat:
+def _tick(block: int, pos: int, kind: str) -> QTextCharFormat:
+    """A thin tick on the shade of the token it comes before, so it never reads as a space."""
     fmt = QTextCharFormat()
     fmt.setProperty(KIND, BOUNDARY)
     fmt.setForeground(QColor(TICK_COLOR))
+    if kind in _BG:
+        fmt.setBackground(QColor(_BG[kind]))
+    fmt.setFontLetterSpacingType(QFont.AbsoluteSpacing)
+    fmt.setFontLetterSpacing(-3)  # narrower than a letter: a mark between two, not a gap
     fmt.setToolTip(f"block {block} starts here (token {pos})")
     return fmt
 

@@ -46,7 +46,8 @@ def click_row(window, qtbot, rid) -> None:
 
 
 def backgrounds(document) -> dict[str, str]:
-    """Background colour -> the text drawn on it, read from the document's char formats."""
+    """Background colour -> the text drawn on it, read from the document's char formats (block
+    ticks, drawn on the shade of the token they come before, left out)."""
     out: dict[str, str] = {}
     block = document.begin()
     while block.isValid():
@@ -56,7 +57,7 @@ def backgrounds(document) -> dict[str, str]:
             fmt = frag.charFormat()
             if fmt.background().style() != Qt.NoBrush:
                 color = fmt.background().color().name()
-                out[color] = out.get(color, "") + frag.text()
+                out[color] = out.get(color, "") + frag.text().replace(TICK, "")
             it += 1
         block = block.next()
     return out
