@@ -174,6 +174,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
+        self.docks["details"].raise_()  # "How to read this window" first; Text beside it
 
     def _default_sizes(self) -> None:
         """Dock sizes as shares of the window, so a small window gets a usable layout too."""

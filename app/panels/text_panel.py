@@ -102,7 +102,7 @@ class TextPanel(QWidget):
         if rid is None or row is None:
             if self._shown != (rid,):
                 self._shown = (rid,)
-                self.title.setText("Text" if rid is None else
+                self.title.setText("No request selected" if rid is None else
                                    f"#{rid}: not known at this step")
                 self.view.clear()
             return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import step
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QPointF, QSettings, Qt
 
 from kvscope.app.frames import NO_TEXT
 from kvscope.app.main_window import MainWindow
@@ -109,6 +109,17 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     click_row(window, qtbot, 0)  # another request: its prompt, all computed (a cold cache)
     qtbot.waitUntil(lambda: text_of(doc, CACHED) == "" and
                     text_of(doc, COMPUTED).startswith("Shared notes"), timeout=5000)
+
+    # A click on a pool cell that only #1 holds selects #1: its text again, as it was.
+    snap = window.snapshot
+    own = [b for b in snap.block_tables[1].tolist() if snap.ref_count[b] == 1][0]
+    x, y = window.pool.cell_center(own)
+    pos = window.pool.plot.mapFromScene(window.pool.plot.plotItem.vb.mapViewToScene(
+        QPointF(x, y)))
+    qtbot.mouseClick(window.pool.plot.viewport(), Qt.LeftButton, pos=pos)
+    assert window.selection.request == 1
+    qtbot.waitUntil(lambda: text_of(doc, CACHED) == "".join(pieces[:cached]), timeout=5000)
+    assert text_of(doc, OUTPUT).startswith(first_out)
 
 
 def record(path, record_text: bool) -> None:
