@@ -164,7 +164,8 @@ class MainWindow(QMainWindow):
         for name, _title, _widget, area in _dock_layout(self):
             dock = self.docks[name]
             dock.setFloating(False)
-            dock.setVisible(name not in ON_DEMAND)  # hidden ones never stack up the window
+            # hidden ones never stack up the window (Text is shown once it is in its tab group)
+            dock.setVisible(name not in ON_DEMAND and name != "text")
             self.addDockWidget(area, dock)
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
         self.tabifyDockWidget(self.docks["details"], self.docks["text"])
@@ -172,6 +173,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.tabifyDockWidget(self.docks["device"], self.docks["experiments"])
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
+        # Text is shown once every group is made: shown before, the window came up taller
+        # than asked at 1280x720 and left a stale tab bar on screen
+        self.docks["text"].show()
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
         self.docks["details"].raise_()  # "How to read this window" first; Text beside it

@@ -389,9 +389,13 @@ class RequestsPanel(QWidget):
                 cells.append(f"<span style='color:{WAITING_COLOR}'>{i}→{b}·</span>")
         n_keep = int(keeps.sum())
         self.block_table_title.setText(
-            f"Blocks of finished #{rid}: {n_keep} of {len(table)} still cached in the pool "
-            f"({int(cached.sum())} cached in green, {int(in_use.sum())} in use by other "
-            f"requests in orange), {int(gone.sum())} evicted (struck out)"
-            + (f", {int(partial.sum())} partial (freed, never cached: ·)" if partial.any()
-               else ""))
+            f"#{rid} finished: {n_keep} of {len(table)} blocks still in the pool "
+            f"({int(cached.sum())} cached, {int(in_use.sum())} in use by others), "
+            f"{int(gone.sum())} evicted" + (f", {int(partial.sum())} partial" if partial.any()
+                                           else ""))
+        self.block_table_title.setToolTip(
+            "The blocks this request freed when it finished, looked up again by hash: green, "
+            "still cached (a later prompt with the same prefix reuses it); orange, in use by "
+            "other requests; struck out, evicted (its hash dropped, the block reused or "
+            "freed); grey with a dot, its last, partial block (never cached)")
         self.block_table.setHtml(" ".join(cells))

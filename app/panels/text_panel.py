@@ -48,15 +48,20 @@ class TextPanel(QWidget):
         self.texts: dict[int, RequestText] = {}
         self.rows: list[RequestRow] = []
         self.title = QLabel()
-        self.title.setWordWrap(True)  # a long title wraps, never widens the window
-        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Maximum)
+        # Two lines at most, whatever it says: a title that wraps further never makes the dock,
+        # and so the window, taller (the full title is its tooltip)
+        self.title.setWordWrap(True)
+        self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
+        self.title.setFixedHeight(2 * self.fontMetrics().lineSpacing() + 2)
+        self.title.setAlignment(Qt.AlignLeft | Qt.AlignTop)
         self.title.setTextFormat(Qt.RichText)
         self.legend = QLabel(LEGEND)
-        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Maximum)
+        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
         self.legend.setToolTip("Prompt tokens served from the prefix cache were not computed "
                                "again; a tick marks where each block of the KV cache starts")
         self.view = QTextEdit()
         self.view.setReadOnly(True)
+        self.view.setMinimumHeight(2 * self.fontMetrics().lineSpacing())
         self.view.setPlaceholderText("Select a request to see its prompt and output")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
@@ -156,7 +161,9 @@ class TextPanel(QWidget):
         out = f"output {row.output_tokens:,} tokens"
         if text is None:
             out += " · text on its way"
-        self.title.setText(f"<b>#{row.request_id}</b> · {row.state} · {prompt} · {out}")
+        state = row.state.replace("finished: ", "done: ")
+        self.title.setText(f"<b>#{row.request_id}</b> · {state} · {prompt} · {out}")
+        self.title.setToolTip(self.title.text())
 
     # -------------------------------------------------------------- tokens
     @staticmethod

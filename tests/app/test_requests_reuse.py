@@ -83,8 +83,8 @@ def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window,
     title = requests.block_table_title
     n_blocks = len(requests.freed_tables[0][0])
     full = (requests.model.rows[0].prompt_tokens + 1) // 16  # the last one is partial
-    qtbot.waitUntil(lambda: title.text().startswith("Blocks of finished #0"))
-    assert f"{full} of {n_blocks} still cached in the pool ({full} cached" in title.text()
+    qtbot.waitUntil(lambda: title.text().startswith("#0 finished"))
+    assert f"{full} of {n_blocks} blocks still in the pool ({full} cached" in title.text()
     assert "0 evicted" in title.text()
 
     window.worker.submit(SHARED + "And what about sets?", SamplingParams(max_tokens=8), None)
@@ -92,10 +92,10 @@ def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window,
     hit = requests.model.rows[1].cached_tokens // 16
     assert hit >= 1
     click(requests, qtbot, 0)
-    qtbot.waitUntil(lambda: f"{hit} in use by other" in title.text())
-    assert f"{full} of {n_blocks} still cached" in title.text()
+    qtbot.waitUntil(lambda: f"{hit} in use by others" in title.text())
+    assert f"{full} of {n_blocks} blocks still in the pool" in title.text()
 
     window.worker.reset_prefix_cache()  # the cached ones lose their hashes: evicted
     qtbot.waitUntil(lambda: f"{full - hit} evicted" in title.text(), timeout=5000)
-    assert f"{hit} of {n_blocks} still cached" in title.text()
+    assert f"{hit} of {n_blocks} blocks still in the pool" in title.text()
     assert requests.block_table.toPlainText().count("→") == n_blocks

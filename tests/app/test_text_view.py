@@ -74,6 +74,8 @@ def row_of(window, rid):
 
 def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qtbot):
     params = SamplingParams(max_tokens=10, ignore_eos=True)
+    window.resize(1280, 720)  # selecting and streaming never make the window bigger
+    qtbot.waitUntil(lambda: window.height() == 720)
     window.worker.submit(FIRST, SamplingParams(max_tokens=2, ignore_eos=True), None)
     step(window, qtbot, 2)  # prefill and one decode: finished
     window.worker.submit(SECOND, params, None)
@@ -120,6 +122,7 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     assert window.selection.request == 1
     qtbot.waitUntil(lambda: text_of(doc, CACHED) == "".join(pieces[:cached]), timeout=5000)
     assert text_of(doc, OUTPUT).startswith(first_out)
+    assert (window.width(), window.height()) == (1280, 720)
 
 
 def record(path, record_text: bool) -> None:
