@@ -108,6 +108,18 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     assert "#1" in window.text.title.text() and f"{cached:,}</b> from the cache" in \
         window.text.title.text()
 
+    # A step back (the engine's history, kept without text): the same prompt and cached span,
+    # the output as far as it had come then.
+    grown = text_of(doc, OUTPUT)
+    back = window.snapshot.step - 2
+    qtbot.wait(600)  # the history is committed every 0.25 s
+    window.selection.select_step(back)
+    qtbot.waitUntil(lambda: window.snapshot.step == back, timeout=5000)
+    qtbot.waitUntil(lambda: len(text_of(doc, OUTPUT)) < len(grown), timeout=5000)
+    assert grown.startswith(text_of(doc, OUTPUT))
+    assert text_of(doc, CACHED) == "".join(pieces[:cached])
+    window.follow()
+
     click_row(window, qtbot, 0)  # another request: its prompt, all computed (a cold cache)
     qtbot.waitUntil(lambda: text_of(doc, CACHED) == "" and
                     text_of(doc, COMPUTED).startswith("Shared notes"), timeout=5000)
