@@ -137,7 +137,8 @@ class TextPanel(QWidget):
                 return
         self._shown = (*base, n_out)
         self.view.clear()
-        cursor = self.view.textCursor()
+        cursor = QTextCursor(self.view.document())
+        cursor.beginEditBlock()  # laid out once at the end, not after every insert
         if text is not None and text.note:
             cursor.insertText(text.note + "\n\n", _format(PLAIN, italic=True))
         if tokenized:
@@ -154,6 +155,7 @@ class TextPanel(QWidget):
             cursor.insertText((text.output_text or "").replace("\n", NEWLINE), _format(OUTPUT))
         elif bs:  # counts and blocks only
             self._insert_block_spans(cursor, row.prompt_tokens, cached, n_out, bs, admitted)
+        cursor.endEditBlock()
         self.view.moveCursor(QTextCursor.Start)
 
     def _set_title(self, row: RequestRow, admitted: bool, cached: int,
@@ -202,8 +204,10 @@ class TextPanel(QWidget):
         at_end = bar.value() >= bar.maximum()
         cursor = QTextCursor(self.view.document())
         cursor.movePosition(QTextCursor.End)
+        cursor.beginEditBlock()
         self._insert_tokens(cursor, text.output[start:end], prompt_tokens + start, 0,
                             text.block_size, True, output=True)
+        cursor.endEditBlock()
         if at_end:
             bar.setValue(bar.maximum())  # streaming in: follow it, unless the user scrolled up
 
