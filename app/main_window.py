@@ -732,7 +732,7 @@ class MainWindow(QMainWindow):
             self._update_tree()  # the source is quiet: the tree catches up with the last frame
             return
         if self.selection.step is not None:  # the user looks at a past step: keep it
-            frame = Frame(records=frame.records, events=frame.events)
+            frame = Frame(records=frame.records, events=frame.events, text=frame.text)
         t0 = time.monotonic()
         self.show_frame(frame)
         # However costly a frame is to draw, painting included (the paint that followed the

@@ -118,11 +118,11 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     qtbot.waitUntil(lambda: len(text_of(doc, OUTPUT)) < len(grown), timeout=5000)
     assert grown.startswith(text_of(doc, OUTPUT))
     assert text_of(doc, CACHED) == "".join(pieces[:cached])
-    window.follow()
 
-    click_row(window, qtbot, 0)  # another request: its prompt, all computed (a cold cache)
-    qtbot.waitUntil(lambda: text_of(doc, CACHED) == "" and
+    click_row(window, qtbot, 0)  # another request, still at that step: its prompt, all
+    qtbot.waitUntil(lambda: text_of(doc, CACHED) == "" and  # computed (a cold cache)
                     text_of(doc, COMPUTED).startswith("Shared notes"), timeout=5000)
+    window.follow()
 
     # A click on a pool cell that only #1 holds selects #1: its text again, as it was.
     snap = window.snapshot
