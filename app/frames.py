@@ -43,6 +43,16 @@ class RequestText:
     note: str = ""  # why some of it is missing
 
 
+def admitted(r: RequestRow) -> bool:
+    """Looked up in the cache (its cached count is known): not waiting, not rejected, not
+    cancelled before it ran."""
+    if r.cached_tokens > 0:
+        return True
+    if r.state in ("waiting", "finished: rejected"):
+        return False
+    return not (r.state == "finished: cancelled" and r.output_tokens == 0)
+
+
 NO_TEXT = ("This session was recorded without text (the default, for privacy): token counts "
            "and block boundaries only. Record with text to see it here.")
 

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
-from kvscope.app.frames import Frame, RequestRow
+from kvscope.app.frames import Frame, RequestRow, admitted
 from kvscope.app.panels.text_panel import CACHED_BG, COMPUTED_BG
 from kvscope.app.selection import Selection
 from kvscope.engine import events as ev
@@ -112,16 +112,6 @@ class RequestsModel(QAbstractTableModel):
         if role == TOOLTIP and index.column() == BAR:
             return reuse_text(self.rows[index.row()])
         return None
-
-
-def admitted(r: RequestRow) -> bool:
-    """Looked up in the cache (its cached count is known): not waiting, not rejected, not
-    cancelled before it ran."""
-    if r.cached_tokens > 0:
-        return True
-    if r.state in ("waiting", "finished: rejected"):
-        return False
-    return not (r.state == "finished: cancelled" and r.output_tokens == 0)
 
 
 def reuse_text(r: RequestRow) -> str:

@@ -10,7 +10,7 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from kvscope.app import palette
-from kvscope.app.frames import Frame, RequestRow, RequestText
+from kvscope.app.frames import Frame, RequestRow, RequestText, admitted
 from kvscope.app.selection import Selection
 
 
@@ -115,19 +115,19 @@ class TextPanel(QWidget):
         bs = text.block_size if text is not None else 0
         tokenized = (text is not None and text.prompt is not None
                      and len(text.prompt) == row.prompt_tokens)
-        admitted = row.state != "waiting" or row.cached_tokens > 0
+        looked_up = admitted(row)
         # A request's cached count is fixed at its first admission; a past step's row from a
         # history recorded without it (a request still running) may say 0: keep what was seen
         if row.cached_tokens > 0:
             self._cached_seen[rid] = row.cached_tokens
         cached = min(row.cached_tokens or self._cached_seen.get(rid, 0), row.prompt_tokens) \
-            if admitted else 0
+            if looked_up else 0
         n_out = row.output_tokens
         if text is not None and text.output is not None:
             n_out = min(n_out, len(text.output))
         base = (rid, text is not None and (text.note, text.output is not None), tokenized,
-                admitted, cached, row.prompt_tokens)
-        self._set_title(row, admitted, cached, text)
+                looked_up, cached, row.prompt_tokens)
+        self._set_title(row, looked_up, cached, text)
         if self._shown is not None and self._shown[:-1] == base:
             if self._shown[-1] == n_out:
                 return
@@ -142,7 +142,7 @@ class TextPanel(QWidget):
         if text is not None and text.note:
             cursor.insertText(text.note + "\n\n", _format(PLAIN, italic=True))
         if tokenized:
-            self._insert_tokens(cursor, text.prompt, 0, cached, bs, admitted)
+            self._insert_tokens(cursor, text.prompt, 0, cached, bs, looked_up)
             cursor.insertText("\n\n", _format(PLAIN))
             if text.output is not None:
                 self._insert_output(cursor, text.output[:n_out], row.prompt_tokens, bs)
@@ -154,18 +154,18 @@ class TextPanel(QWidget):
             cursor.insertText("\n\n", _format(PLAIN))
             cursor.insertText((text.output_text or "").replace("\n", NEWLINE), _format(OUTPUT))
         elif bs:  # counts and blocks only
-            self._insert_block_spans(cursor, row.prompt_tokens, cached, n_out, bs, admitted)
+            self._insert_block_spans(cursor, row.prompt_tokens, cached, n_out, bs, looked_up)
         cursor.endEditBlock()
         self.view.moveCursor(QTextCursor.Start)
 
-    def _set_title(self, row: RequestRow, admitted: bool, cached: int,
+    def _set_title(self, row: RequestRow, looked_up: bool, cached: int,
                    text: RequestText | None) -> None:
         p = row.prompt_tokens
-        if admitted:
+        if looked_up:
             prompt = (f"prompt {p:,} tokens: <b>{cached:,}</b> from the cache, "
                       f"{p - cached:,} computed")
         else:
-            prompt = f"prompt {p:,} tokens (waiting: not looked up in the cache yet)"
+            prompt = f"prompt {p:,} tokens (not looked up in the cache)"
         out = f"output {row.output_tokens:,} tokens"
         if text is None:
             out += " · text on its way"
@@ -213,9 +213,9 @@ class TextPanel(QWidget):
 
     @staticmethod
     def _insert_block_spans(cursor, prompt: int, cached: int, n_out: int, bs: int,
-                            admitted: bool) -> None:
+                            looked_up: bool) -> None:
         """Without text: each block as its token range, shaded as its tokens would be."""
-        def spans(lo: int, hi: int, kind_of) -> None:
+        def block_spans(lo: int, hi: int, kind_of) -> None:
             pos = lo
             while pos < hi:
                 end = min(hi, (pos // bs + 1) * bs)
@@ -226,10 +226,10 @@ class TextPanel(QWidget):
 
         cursor.insertText(f"Prompt: {prompt:,} tokens in {-(-prompt // bs)} blocks of {bs}\n",
                           _format(PLAIN, italic=True))
-        spans(0, prompt, lambda pos: (CACHED if pos < cached else COMPUTED) if admitted
+        block_spans(0, prompt, lambda pos: (CACHED if pos < cached else COMPUTED) if looked_up
               else PLAIN)
         cursor.insertText(f"\n\nOutput: {n_out:,} tokens\n", _format(PLAIN, italic=True))
-        spans(prompt, prompt + n_out, lambda pos: OUTPUT)
+        block_spans(prompt, prompt + n_out, lambda pos: OUTPUT)
 
 
 _BG = {CACHED: CACHED_BG, COMPUTED: COMPUTED_BG, OUTPUT: OUTPUT_BG}
