@@ -160,6 +160,10 @@ class EngineClient(QObject):
     def reset_prefix_cache(self) -> None:
         self._send("reset_prefix_cache")
 
+    def watch(self, request_id: int | None) -> None:
+        """Frames carry this request's text (prompt and output, cut at token boundaries)."""
+        self._send("watch", None if request_id is None else int(request_id))
+
     def start_recording(self, path: str, record_text: bool) -> None:
         self._send("record", path, record_text)
 

@@ -6,10 +6,11 @@ interpreter lock with drawing, so the window can take its time painting without 
 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
 pace (steps per second while running, 0: as fast as it can), cancel, reset_prefix_cache, record,
-stop_record, ready (the window took the last frame), ping, close. Messages out: loaded
-(EngineInfo), load_failed, error (the engine paused on an exception), request_failed (one
-request's forward pass or sampling raised; the others run on), rejected (a submit that could
-not be queued), submitted (its request id), running, recording, idle, frame, pong.
+stop_record, watch (the request whose text frames carry: the window's selection), ready (the
+window took the last frame), ping, close. Messages out: loaded (EngineInfo), load_failed,
+error (the engine paused on an exception), request_failed (one request's forward pass or
+sampling raised; the others run on), rejected (a submit that could not be queued), submitted
+(its request id), running, recording, idle, frame, pong.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -33,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.app.frames import EngineInfo, Frame, RequestRow, evicted_at
+from kvscope.app.frames import EngineInfo, Frame, RequestRow, RequestText, evicted_at
 from kvscope.engine import events as ev
 from kvscope.engine.stream import StepQueue
+from kvscope.engine.token_text import TokenPieces
 
 HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last steps
 
@@ -43,10 +45,13 @@ HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last 
 class RequestTable:
     """The requests table, kept from the step stream alone: one row per request in arrival
     order, each in the state it is in after the step (prefill: prompt tokens still to compute;
-    decode: it has sampled); finished rows beyond `history` are dropped, oldest first."""
+    decode: it has sampled); finished rows beyond `history` are dropped, oldest first. Each
+    request's prompt and output token ids are kept beside its row (never sent: the text view
+    asks for one request's text)."""
 
     def __init__(self, history: int = 1024):
         self.rows: dict[int, RequestRow] = {}
+        self.tokens: dict[int, tuple[list[int], list[int]]] = {}  # (prompt ids, output ids)
         self.history = history
         self._finished: list[int] = []
 
@@ -58,6 +63,7 @@ class RequestTable:
             rows[r.request_id] = RequestRow(
                 r.request_id, "waiting" if r.parent_id is None else "decode",
                 len(r.prompt_token_ids), 0, 0, None, None, r.cache_salt, r.parent_id, "")
+            self.tokens[r.request_id] = (r.prompt_token_ids, [])
         for e in update.events:
             row = rows.get(e.request_id)
             if row is None or row.state.startswith("finished"):
@@ -73,6 +79,7 @@ class RequestTable:
                                     self._finished[-self.history:])
             for rid in drop:
                 rows.pop(rid, None)
+                self.tokens.pop(rid, None)
 
     def set_output(self, o) -> None:
         """A request's state from its RequestOutput (after a step, or a submit or cancel
@@ -82,6 +89,8 @@ class RequestTable:
             row = self.rows[o.request_id] = RequestRow(
                 o.request_id, "waiting", len(o.prompt_token_ids or ()), 0, 0, None, None,
                 o.cache_salt, o.parent_id, "")
+        prompt = self.tokens.get(o.request_id, (o.prompt_token_ids or [], []))[0]
+        self.tokens[o.request_id] = (prompt, o.token_ids)  # a fresh list per output
         m = o.metrics
         row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens, len(o.token_ids),
                                                           o.text)
@@ -182,6 +191,9 @@ class EngineHost:
         self.pending = Frame()  # records and events not sent yet
         self.table = RequestTable()
         self.dead_counts = SampledCounts()  # dead blocks at each frame sent, for the timeline
+        self.watched: int | None = None  # the request whose text frames carry
+        self._pieces: tuple[int, TokenPieces, TokenPieces] | None = None  # the watched one's
+        self._text_sent: tuple[int, int] | None = None  # (request, output tokens) last sent
 
     def serve(self) -> None:
         try:
@@ -233,6 +245,10 @@ class EngineHost:
             self.ready = True
             if self.dirty and self.engine is not None:
                 self._publish()
+        elif kind == "watch":
+            self.watched, self._text_sent = args[0], None
+            if self.engine is not None:
+                self._publish(force=True)
         elif kind == "load":
             self._load(*args)
         elif self.engine is None:
@@ -283,6 +299,7 @@ class EngineHost:
         self.sub = StepQueue()
         engine.subscribe(self.sub)
         self.pending, self.table, self.dead_counts = Frame(), RequestTable(), SampledCounts()
+        self.watched, self._pieces, self._text_sent = None, None, None
         loaded, runner = engine.loaded, engine.runner
         self._send("loaded", EngineInfo(
             model_name=loaded.name,
@@ -446,8 +463,31 @@ class EngineHost:
         f.dead = engine.dead_blocks()
         f.dead_counts = self.dead_counts.add(snap.step, len(f.dead))
         f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
+        f.text = self._watched_text()
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False
+
+
+    def _watched_text(self) -> RequestText | None:
+        """The watched request's text, if it changed since it was last sent. Its prompt is cut
+        into token pieces once, its output as tokens arrive."""
+        rid = self.watched
+        tokens = None if rid is None else self.table.tokens.get(rid)
+        if tokens is None:
+            return None
+        prompt_ids, output_ids = tokens
+        if (rid, len(output_ids)) == self._text_sent:
+            return None
+        if (self._pieces is None or self._pieces[0] != rid
+                or len(output_ids) < len(self._pieces[2].ids)):
+            tok = self.engine.tokenizer
+            self._pieces = (rid, TokenPieces(tok), TokenPieces(tok))
+            self._pieces[1].extend(prompt_ids)
+        _, prompt, output = self._pieces
+        output.extend(output_ids[len(output.ids):])
+        self._text_sent = (rid, len(output_ids))
+        return RequestText(rid, self.engine.config.block_size, list(prompt.pieces),
+                           list(output.pieces))
 
 
 def _one_line(e: BaseException) -> str:

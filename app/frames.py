@@ -13,6 +13,7 @@ from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
+from kvscope.engine.token_text import split_at
 
 
 @dataclass
@@ -27,6 +28,52 @@ class RequestRow:
     cache_salt: str | None
     parent_id: int | None
     text: str
+
+
+@dataclass
+class RequestText:
+    """One request's text cut at its token boundaries (`kvscope.engine.token_text`), for the
+    text view: as much as the source knows (a session recorded without text knows none)."""
+
+    request_id: int
+    block_size: int
+    prompt: list[str] | None = None  # each prompt token's text; None: not known
+    output: list[str] | None = None  # each output token's text so far; None: not known
+    output_text: str | None = None  # the whole output, when its token boundaries are not known
+    note: str = ""  # why some of it is missing
+
+
+def admitted(r: RequestRow) -> bool:
+    """Looked up in the cache (its cached count is known): not waiting, not rejected, not
+    cancelled before it ran."""
+    if r.cached_tokens > 0:
+        return True
+    if r.state in ("waiting", "finished: rejected"):
+        return False
+    return not (r.state == "finished: cancelled" and r.output_tokens == 0)
+
+
+NO_TEXT = ("This session was recorded without text (the default, for privacy): token counts "
+           "and block boundaries only. Record with text to see it here.")
+
+
+def recorded_text(reader, request_id: int) -> RequestText:
+    """A request's text as a session file holds it (a SessionReader)."""
+    block_size = reader.meta.block_size
+    r = reader.request(request_id)
+    if r is None:
+        return RequestText(request_id, block_size, note="This request is not in the session.")
+    if r.prompt_text is None:
+        return RequestText(request_id, block_size, note=NO_TEXT)
+    prompt_ends, output_ends = reader.token_ends(request_id)
+    if prompt_ends is None or len(prompt_ends) != r.prompt_tokens:
+        return RequestText(request_id, block_size, [r.prompt_text], None, r.output_text,
+                           "Recorded before kvscope kept token boundaries: the text without "
+                           "its cached span or blocks.")
+    output = (None if output_ends is None or r.output_text is None
+              else split_at(r.output_text, output_ends))
+    return RequestText(request_id, block_size, split_at(r.prompt_text, prompt_ends), output,
+                       r.output_text if output is None else None)
 
 
 @dataclass
@@ -47,6 +94,7 @@ class Frame:
     dead_counts: tuple[np.ndarray, np.ndarray] | None = None  # (steps, dead blocks), sampled
     # an attached server's Prometheus numbers: (step, {"kv_usage", "ttft", "itl", ...}), new
     metrics: list[tuple[int, dict]] = field(default_factory=list)
+    text: RequestText | None = None  # the watched request's text, when it changed
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""
@@ -60,6 +108,8 @@ class Frame:
             self.requests = later.requests
         if later.dead_counts is not None:
             self.dead_counts = later.dead_counts
+        if later.text is not None:
+            self.text = later.text
         return self
 
 

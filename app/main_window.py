@@ -27,7 +27,7 @@ from kvscope.app import palette
 from kvscope.app.attach_view import AttachDialog, AttachOverlay
 from kvscope.app.banner import ErrorBanner
 from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
-from kvscope.app.frames import EngineInfo, Frame
+from kvscope.app.frames import EngineInfo, Frame, RequestText, recorded_text
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
@@ -38,6 +38,7 @@ from kvscope.app.panels.lab_panel import LabPanel
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
+from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
@@ -56,7 +57,7 @@ DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks com
 # The smallest size each dock's panel is readable at (a restored layout never goes below it).
 MIN_SIZES = {"requests": (260, 180), "composer": (200, 120), "tree": (200, 150),
              "details": (200, 80), "capacity": (200, 150), "device": (200, 120),
-             "timeline": (300, 170), "events": (300, 100)}
+             "timeline": (300, 170), "events": (300, 100), "text": (200, 100)}
 
 
 ON_DEMAND = ("lab", "experiments")  # tools of their own, shown from the View menu (the lab
@@ -75,6 +76,7 @@ def _dock_layout(w) -> list:
         ("experiments", "Experiments", w.experiments, Qt.RightDockWidgetArea),
         ("timeline", "Timeline", w.timeline, Qt.BottomDockWidgetArea),
         ("events", "Events", w.events, Qt.BottomDockWidgetArea),
+        ("text", "Text", w.text, Qt.RightDockWidgetArea),
     ]
 
 
@@ -138,8 +140,10 @@ class MainWindow(QMainWindow):
         self.timeline = Timeline(sel)
         self.events = EventsPanel(sel)
         self.tree = PrefixTreePanel(sel)
+        self.text = TextPanel(sel)
+        sel.request_changed.connect(self._watch_request)
         self.panels = [self.pool, self.requests, self.details, self.timeline, self.events,
-                       self.tree]  # each shows every frame: show_frame(frame), clear()
+                       self.tree, self.text]  # each shows every frame: show_frame(frame), clear()
         self.capacity = CapacityPanel()
         self.device = DevicePanel()
         self.lab = LabPanel()
@@ -164,15 +168,21 @@ class MainWindow(QMainWindow):
         for name, _title, _widget, area in _dock_layout(self):
             dock = self.docks[name]
             dock.setFloating(False)
-            dock.setVisible(name not in ON_DEMAND)  # hidden ones never stack up the window
+            # hidden ones never stack up the window (Text is shown once it is in its tab group)
+            dock.setVisible(name not in ON_DEMAND and name != "text")
             self.addDockWidget(area, dock)
         self.tabifyDockWidget(self.docks["timeline"], self.docks["events"])
+        self.tabifyDockWidget(self.docks["details"], self.docks["text"])
         self.tabifyDockWidget(self.docks["tree"], self.docks["capacity"])
         self.tabifyDockWidget(self.docks["capacity"], self.docks["device"])
         self.tabifyDockWidget(self.docks["device"], self.docks["experiments"])
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
+        # Text is shown once every group is made: shown before, the window came up taller
+        # than asked at 1280x720 and left a stale tab bar on screen
+        self.docks["text"].show()
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
+        self.docks["details"].raise_()  # "How to read this window" first; Text beside it
 
     def _default_sizes(self) -> None:
         """Dock sizes as shares of the window, so a small window gets a usable layout too."""
@@ -675,6 +685,21 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("wrote " + ", ".join(written), 8000)
         return written
 
+    def _watch_request(self, rid) -> None:
+        """The selected request's text: the engine sends it (and its output as it grows) with
+        its frames; a session file holds it, or says it was recorded without."""
+        if rid is None or self.source.live:
+            self.worker.watch(rid)
+            return
+        try:
+            text = (recorded_text(self.reader, rid) if self.reader is not None else
+                    RequestText(rid, self.source.settings().get("block_size") or 0,
+                                note="This source has no text: token counts only."))
+        except SessionError as e:
+            self.banner.show_error(f"Cannot read the text of #{rid}: {e}")
+            return
+        self.text.set_text(text)
+
     def focus_event_filter(self) -> None:
         self.docks["events"].show()
         self.docks["events"].raise_()
@@ -750,7 +775,7 @@ class MainWindow(QMainWindow):
             self._update_tree()  # the source is quiet: the tree catches up with the last frame
             return
         if self.selection.step is not None:  # the user looks at a past step: keep it
-            frame = Frame(records=frame.records, events=frame.events)
+            frame = Frame(records=frame.records, events=frame.events, text=frame.text)
         t0 = time.monotonic()
         self.show_frame(frame)
         # However costly a frame is to draw, painting included (the paint that followed the

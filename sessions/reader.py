@@ -291,6 +291,33 @@ class SessionReader:
             out.append(RecordedRequest(**d))
         return out
 
+    def request(self, request_id: int) -> RecordedRequest | None:
+        """One request's row (None: not in the file)."""
+        names = [f.name for f in fields(RecordedRequest)]
+        rows = self._query(f"SELECT {', '.join(names)} FROM requests WHERE request_id = ?",
+                           (request_id,))
+        if not rows:
+            return None
+        d = dict(zip(names, rows[0], strict=True))
+        d["params"] = self._json(d["params"] or "{}", f"request {request_id} params")
+        self._check_types(RecordedRequest, d, f"request {request_id}")
+        return RecordedRequest(**d)
+
+    def token_ends(self, request_id: int) -> tuple[list[int] | None, list[int] | None]:
+        """Where each prompt and output token's text ends in the recorded prompt_text and
+        output_text (None: not recorded: no text, or a file from before token ends were kept)."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                           "name = 'request_text'"):
+            return None, None
+        rows = self._query("SELECT prompt_ends, output_ends FROM request_text WHERE "
+                           "request_id = ?", (request_id,))
+        if not rows:
+            return None, None
+        try:
+            return schema.decode_ends(rows[0][0]), schema.decode_ends(rows[0][1])
+        except ValueError as e:  # a blob that is not whole uint32s
+            raise SessionError(f"{self.path}: request {request_id}: bad token ends: {e}") from e
+
     def request_chains(self) -> dict[int, np.ndarray]:
         """Each request's prompt block chain (stored hashes, uint64), for the cache lab."""
         if not self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "

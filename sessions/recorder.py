@@ -72,6 +72,7 @@ import sqlite_utils
 from kvscope.engine import events as ev
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
+from kvscope.engine.token_text import piece_ends, token_pieces
 from kvscope.sessions import schema
 from kvscope.sessions.lock import SessionLock
 
@@ -440,9 +441,13 @@ class Recorder:
         why_rows = [row for cap in batch for row in cap.explanations]
         num_events = 0
         chain_rows = []
+        prompt_ends = []  # (request, prompt token ends): with record_text only
         for cap in batch:
             for info in cap.new_requests:
-                req_rows.append(self._request_row(info))
+                row, ends = self._request_row(info)
+                req_rows.append(row)
+                if ends is not None:
+                    prompt_ends.append((info.request_id, ends))
                 chain_rows.append((info.request_id, self._chain(info)))
             fin_rows += cap.finished
             last = len(cap.steps) - 1
@@ -463,6 +468,7 @@ class Recorder:
                 t = time.thread_time()
                 kf_rows.append(schema.encode_keyframe(self._keyframe(cap.raw)))
                 self._kf_build_s = time.thread_time() - t
+        output_ends = self._output_ends(fin_rows)
         conn = self._conn
         conn.execute("BEGIN")
         # Multi-row statements: sqlite3 hands the GIL back to the engine around every call, so
@@ -474,6 +480,7 @@ class Recorder:
             _insert_rows(conn, "request_chains", ["request_id", "block_hashes"], chain_rows)
         if fin_rows:  # every row has the same keys
             _insert_rows(conn, "requests", list(fin_rows[0]), fin_rows, upsert="request_id")
+        self._insert_text(prompt_ends, output_ends)
         if step_rows:
             cols = self._step_cols + list(schema.TOTALS.values()) + ["nct", "num_events",
                                                                     "captured"]
@@ -533,18 +540,42 @@ class Recorder:
             return None
         return hmac.new(self._salt_key, salt.encode(), hashlib.sha256).hexdigest()[:16]
 
-    def _request_row(self, info: _RequestInfo) -> dict:
-        text = None
+    def _request_row(self, info: _RequestInfo) -> tuple[dict, bytes | None]:
+        """The request's row, and where its prompt tokens' text ends (with record_text)."""
+        text = ends = None
         if info.prompt_ids is not None:
             tok = getattr(self.engine, "tokenizer", None)
-            if tok is not None:
-                text = tok.decode(info.prompt_ids, skip_special_tokens=True)
+            if tok is not None:  # cut at token boundaries on this thread, never the engine's
+                pieces = token_pieces(tok, info.prompt_ids)
+                text, ends = "".join(pieces), schema.encode_ends(piece_ends(pieces))
         return dict(request_id=info.request_id, parent_id=info.parent_id,
                     sample_index=info.sample_index, arrival_s=info.arrival_s,
                     salt_digest=self._salt_digest(info.cache_salt),
                     prompt_tokens=info.prompt_tokens, params=json.dumps(info.params),
                     status="waiting" if info.parent_id is None else "running",
-                    prompt_text=text)
+                    prompt_text=text), ends
+
+    def _output_ends(self, rows: list[dict]) -> list[tuple[int, bytes]]:
+        """Takes the output token ids out of finished rows (see _state_row) and returns where
+        each output token's text ends, clipped to the recorded output text (a stop string cuts
+        it)."""
+        tok = getattr(self.engine, "tokenizer", None)
+        out = []
+        for row in rows:
+            ids = row.pop("_output_ids", None)
+            if ids is not None and tok is not None and row.get("output_text") is not None:
+                limit = len(row["output_text"])
+                ends = [min(e, limit) for e in piece_ends(token_pieces(tok, ids))]
+                out.append((row["request_id"], schema.encode_ends(ends)))
+        return out
+
+    def _insert_text(self, prompt_ends: list, output_ends: list) -> None:
+        if prompt_ends:
+            _insert_rows(self._conn, "request_text", ["request_id", "prompt_ends"], prompt_ends,
+                         upsert="request_id")
+        if output_ends:
+            _insert_rows(self._conn, "request_text", ["request_id", "output_ends"], output_ends,
+                         upsert="request_id")
 
     def _state_row(self, out, status: str) -> dict:
         """A request's state from its latest RequestOutput."""
@@ -554,6 +585,7 @@ class Recorder:
                    output_tokens=len(out.token_ids))
         if self.record_text:
             row["output_text"] = out.text
+            row["_output_ids"] = out.token_ids  # cut into pieces by the writer: _output_ends
         return row
 
     # ------------------------------------------------------------- finalise
@@ -571,8 +603,14 @@ class Recorder:
         self._check_same_file()  # never finalise, checkpoint or delete another file's sidecars
         conn = self._conn
         conn.execute("BEGIN")
+        prompt_ends = []
         if leftover:
-            rows = [self._request_row(i) for i in leftover]
+            rows = []
+            for info in leftover:
+                row, ends = self._request_row(info)
+                rows.append(row)
+                if ends is not None:
+                    prompt_ends.append((info.request_id, ends))
             _insert_rows(conn, "requests", list(rows[0]), rows)
         # Still running or waiting, or finished after the last step (e.g. cancelled).
         rows = []
@@ -582,6 +620,7 @@ class Recorder:
                 rows.append(dict(request_id=rid, status=status))
             else:
                 rows.append(self._state_row(out, "finished" if out.finished else status))
+        self._insert_text(prompt_ends, self._output_ends(rows))
         for cols in {tuple(r) for r in rows}:
             same = [r for r in rows if tuple(r) == cols]
             _insert_rows(conn, "requests", list(cols), same, upsert="request_id")

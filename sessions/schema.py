@@ -24,6 +24,11 @@ A session is a SQLite file (extension ``.kvscope``). Tables:
   engine explained it at admission (one row per admission: a preempted request is explained
   again when it is re-admitted). Version 1 files have no such table and still open.
 - ``experiments`` (optional, any version): experiment results, see experiments.py.
+- ``request_text`` (optional, any version; rows only with ``record_text``): where each token's
+  text ends in ``prompt_text`` and ``output_text`` (uint32 little-endian character offsets, one
+  per token), so a replay can shade the prompt tokens that came from the cache and mark block
+  boundaries. ``prompt_text`` is then exactly the tokens' pieces joined
+  (kvscope.engine.token_text).
 - ``keyframes``: the full block state every K steps (zlib-compressed numpy arrays, little-endian
   dtypes recorded in ``layout``). ``snapshot_at(step)`` decodes the nearest keyframe at or before
   the step and replays the events that follow (see replay.py).
@@ -101,11 +106,21 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
     # each request's prompt: the stored hashes of its full blocks, uint64 little-endian (the
     # cache lab's input); files from before it have no such table
     db["request_chains"].create({"request_id": int, "block_hashes": bytes}, pk="request_id")
+    db["request_text"].create({"request_id": int, "prompt_ends": bytes, "output_ends": bytes},
+                              pk="request_id")
     kf = {"step": int, "num_blocks": int, "codec": str, "layout": str}
     kf.update({name: bytes for name in KEYFRAME_ARRAYS})
     kf.update({"table_ids": bytes, "table_lens": bytes, "table_blocks": bytes, "nct": bytes,
                "counters": str})
     db["keyframes"].create(kf, pk="step")
+
+
+def encode_ends(ends) -> bytes:
+    return np.asarray(ends, dtype="<u4").tobytes()
+
+
+def decode_ends(blob: bytes | None) -> list[int] | None:
+    return None if blob is None else np.frombuffer(blob, dtype="<u4").tolist()
 
 
 # ------------------------------------------------------------------ explanations

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractTableModel, Qt, Signal
+import numpy as np
+from PySide6.QtCore import QAbstractTableModel, QRect, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
     QSizePolicy,
     QSplitter,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTableView,
     QTextEdit,
     QVBoxLayout,
@@ -19,9 +24,11 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
-from kvscope.app.frames import Frame, RequestRow
+from kvscope.app.frames import Frame, RequestRow, admitted
+from kvscope.app.panels.text_panel import CACHED_BG, COMPUTED_BG
 from kvscope.app.selection import Selection
-from kvscope.engine.snapshot import Snapshot
+from kvscope.engine import events as ev
+from kvscope.engine.snapshot import CACHED, Snapshot
 
 
 def _ms(seconds: float | None) -> str:
@@ -33,12 +40,19 @@ COLUMNS = [
     ("state", "waiting, prefill (computing its prompt), decode, done (finished: length or "
               "stop), cancelled, rejected, failed; hover a row for the full reason"),
     ("prompt", "Prompt tokens"),
-    ("cached", "Prompt tokens served from the prefix cache when first admitted"),
+    ("cached", "Prompt tokens served from the prefix cache when first admitted, on a bar of the "
+               "prompt: reused from the cache (green) against computed for it (blue); a thin "
+               "line: waiting, not looked up yet. Hover a bar for the numbers"),
     ("output", "Output tokens generated so far"),
     ("TTFT ms", "Time to first token: from arrival to the first output token"),
     ("TPOT ms", "Time per output token after the first: (last - first) / (n - 1)"),
     ("salt", "Cache salt (tenant): blocks are never shared across different salts"),
 ]
+BAR = 3  # "cached": the number on a reused | computed bar (no column of its own: at 1280 px
+#          the table must fit its width, or a scroll bar takes a row's height)
+REUSED_COLOR, COMPUTED_COLOR = CACHED_BG, COMPUTED_BG  # the text view's shades
+WAITING_COLOR = "#a0a0a0"
+KEEP_TABLES = 2048  # block tables remembered for requests that finished (see show_block_table)
 
 
 DISPLAY, ALIGNMENT, FOREGROUND, TOOLTIP = (int(r) for r in (
@@ -95,7 +109,48 @@ class RequestsModel(QAbstractTableModel):
             return QColor(palette.EVICTED_COLOR)
         if role == TOOLTIP and index.column() == 1:
             return self.rows[index.row()].state
+        if role == TOOLTIP and index.column() == BAR:
+            return reuse_text(self.rows[index.row()])
         return None
+
+
+def reuse_text(r: RequestRow) -> str:
+    if not admitted(r):
+        return (f"#{r.request_id}: its {r.prompt_tokens:,} prompt tokens were not looked up in "
+                "the cache (waiting, rejected or cancelled first)")
+    n, c = r.prompt_tokens, min(r.cached_tokens, r.prompt_tokens)
+    share = f" ({c / n:.0%})" if n else ""
+    return (f"#{r.request_id}: {c:,} of {n:,} prompt tokens reused from the prefix cache{share}, "
+            f"{n - c:,} computed")
+
+
+class ReuseBar(QStyledItemDelegate):
+    """The cached column: a row's reused (cached) prompt tokens against its computed ones, as
+    a bar behind the number."""
+
+    def paint(self, painter, option, index) -> None:
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        text, opt.text = opt.text, ""
+        style = opt.widget.style() if opt.widget is not None else QApplication.style()
+        style.drawControl(QStyle.CE_ItemViewItem, opt, painter, opt.widget)  # selection
+        row = index.model().rows[index.row()]
+        r = option.rect.adjusted(2, 2, -2, -2)
+        painter.save()
+        if row.prompt_tokens > 0 and r.width() > 0:
+            if not admitted(row):
+                painter.fillRect(QRect(r.left(), r.bottom() - 1, r.width(), 1),
+                                 QColor(WAITING_COLOR))
+            else:
+                cached = round(r.width() * min(row.cached_tokens, row.prompt_tokens)
+                               / row.prompt_tokens)
+                painter.fillRect(QRect(r.left(), r.top(), cached, r.height()),
+                                 QColor(REUSED_COLOR))
+                painter.fillRect(QRect(r.left() + cached, r.top(), r.width() - cached,
+                                       r.height()), QColor(COMPUTED_COLOR))
+                painter.setPen(QColor("#000000"))  # dark on the light bar, selected or not
+        painter.drawText(option.rect.adjusted(2, 0, -4, 0), RIGHT, text)
+        painter.restore()
 
 
 def short_state(state: str) -> str:
@@ -126,6 +181,8 @@ class RequestsPanel(QWidget):
         self.model = RequestsModel()
         self.table = QTableView()
         self.table.setModel(self.model)
+        self.bar_delegate = ReuseBar(self.table)
+        self.table.setItemDelegateForColumn(BAR, self.bar_delegate)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.verticalHeader().hide()
@@ -172,16 +229,44 @@ class RequestsPanel(QWidget):
         layout.addWidget(split)
         self.selected: int | None = None
         self._table_shown: tuple | None = None  # what the block table shows
+        # request -> (the block table it freed, each block's hash then), from the events (every
+        # one reaches the window, unlike snapshots): a finished request's blocks are looked up
+        # again by hash. block -> its hash, kept from the events to know it at a free.
+        self.freed_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._hashes: dict[int, int] = {}
 
     def show_frame(self, frame: Frame) -> None:
+        if frame.events:
+            self._follow_blocks(frame.events)
         if frame.requests is not None:
             self.set_rows(frame.requests)
         if frame.snapshot is not None:
             self.snapshot = frame.snapshot
             self.show_block_table(self.snapshot, self.selection.request)
 
+    def _follow_blocks(self, events) -> None:
+        """Each block's hash as the events give it, and each request's blocks when it frees
+        them (tail first: reversed into table order)."""
+        hashes, freed = self._hashes, self.freed_tables
+        for e in events:
+            kind = e.kind
+            if kind == ev.CACHED:
+                hashes.update(zip(e.blocks, e.hashes[:len(e.blocks)], strict=True))
+            elif kind in (ev.EVICTED, ev.RESET, ev.UNCACHED):
+                for b in e.blocks:
+                    hashes.pop(b, None)
+            elif kind == ev.FREED and e.request_id is not None:
+                table = e.blocks[::-1]
+                freed.pop(e.request_id, None)
+                freed[e.request_id] = (np.asarray(table, dtype=np.int64),
+                                       np.asarray([hashes.get(b, 0) for b in table],
+                                                  dtype=np.uint64))
+        while len(freed) > KEEP_TABLES:
+            del freed[next(iter(freed))]
+
     def clear(self) -> None:
         self.snapshot = None
+        self.freed_tables, self._hashes = {}, {}
         self.set_rows([])
         self.show_block_table(None, self.selection.request)
 
@@ -236,9 +321,16 @@ class RequestsPanel(QWidget):
     def show_block_table(self, snap: Snapshot | None, rid: int | None) -> None:
         """Called on every frame: the text is set again only when it changes."""
         if snap is None or rid is None or rid not in snap.block_tables:
+            row = self._row(rid)
+            if (snap is not None and row is not None and row.state.startswith("finished")
+                    and rid in self.freed_tables):
+                self._show_finished_blocks(snap, rid)
+                return
             if self._table_shown != (rid,):
                 self._table_shown = (rid,)
                 note = "" if rid is None else f"#{rid} holds no blocks (waiting or finished)"
+                if row is not None and row.state.startswith("finished"):
+                    note = f"#{rid} finished holding no blocks"
                 self.block_table_title.setText("Block table")
                 self.block_table.setPlainText(note)
             return
@@ -253,4 +345,47 @@ class RequestsPanel(QWidget):
         self.block_table_title.setText(
             f"Block table of #{rid}: {len(table)} blocks, {int(shared.sum())} shared "
             f"(logical → physical; shared in orange)")
+        self.block_table.setHtml(" ".join(cells))
+
+    def _row(self, rid: int | None) -> RequestRow | None:
+        for r in reversed(self.model.rows):
+            if r.request_id == rid:
+                return r
+        return None
+
+    def _show_finished_blocks(self, snap: Snapshot, rid: int) -> None:
+        """A finished request's former blocks: which still hold its KV (same hash: cached, or
+        in use by other requests) and which lost it (evicted or reset). Its last, partial
+        block never had a hash: it was freed."""
+        table, hashes = self.freed_tables[rid]
+        keeps = (hashes != 0) & (snap.block_hash[table] == hashes)
+        cached = keeps & (snap.state[table] == CACHED)
+        in_use = keeps & ~cached
+        partial = hashes == 0
+        gone = ~keeps & ~partial
+        shown = ("finished", rid, table.tobytes(), cached.tobytes(), in_use.tobytes())
+        if shown == self._table_shown:
+            return
+        self._table_shown = shown
+        cells = []
+        for i, b in enumerate(table.tolist()):
+            if cached[i]:
+                cells.append(f"<b style='color:{palette.CACHED_COLOR}'>{i}→{b}</b>")
+            elif in_use[i]:
+                cells.append(f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>")
+            elif gone[i]:
+                cells.append(f"<s style='color:{WAITING_COLOR}'>{i}→{b}</s>")
+            else:
+                cells.append(f"<span style='color:{WAITING_COLOR}'>{i}→{b}·</span>")
+        n_keep = int(keeps.sum())
+        self.block_table_title.setText(
+            f"#{rid} finished: {n_keep} of {len(table)} blocks still in the pool "
+            f"({int(cached.sum())} cached, {int(in_use.sum())} in use by others), "
+            f"{int(gone.sum())} evicted" + (f", {int(partial.sum())} partial" if partial.any()
+                                           else ""))
+        self.block_table_title.setToolTip(
+            "The blocks this request freed when it finished, looked up again by hash: green, "
+            "still cached (a later prompt with the same prefix reuses it); orange, in use by "
+            "other requests; struck out, evicted (its hash dropped, the block reused or "
+            "freed); grey with a dot, its last, partial block (never cached)")
         self.block_table.setHtml(" ".join(cells))
