@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressDialog,
     QSpinBox,
+    QTabBar,
     QVBoxLayout,
     QWidget,
 )
@@ -169,6 +170,20 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.docks["device"], self.docks["lab"])
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
+        self._renew_tab_bars()
+
+    def _renew_tab_bars(self) -> None:
+        """Qt 6.11 leaves a stray copy of a dock tab bar on screen when a second group of
+        docks is tabified (a "Prefix tree | Capacity" bar over the requests, cut to "P" when
+        covered), deleted only once the event loop runs: the first paint or a screenshot
+        taken before shows it. restoreState() builds the bars without strays: hide them all and
+        restore the layout just made. Tab titles stay whole (scroll buttons, never "P…")."""
+        for bar in self.findChildren(QTabBar, options=Qt.FindDirectChildrenOnly):
+            bar.hide()
+        self.restoreState(self.saveState())
+        for bar in self.findChildren(QTabBar, options=Qt.FindDirectChildrenOnly):
+            bar.setElideMode(Qt.ElideNone)
+            bar.setUsesScrollButtons(True)
 
     def _default_sizes(self) -> None:
         """Dock sizes as shares of the window, so a small window gets a usable layout too."""
@@ -314,6 +329,7 @@ class MainWindow(QMainWindow):
             self.resize(1400, 900)
         if state is None or not self.restoreState(state):
             self._default_sizes()
+        self._renew_tab_bars()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.settings.setValue("geometry", self.saveGeometry())
