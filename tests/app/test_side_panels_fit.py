@@ -80,6 +80,22 @@ def pool_of(num_blocks: int) -> KVCacheManager:
     return mgr
 
 
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+def test_the_pool_title_fits_its_width(qtbot, tmp_path, size):
+    w = bare_window(qtbot, tmp_path, size)
+    w.show_frame(Frame(snapshot=pool_of(2048).snapshot(), evicted=np.arange(120)))
+    qtbot.wait(20)
+    title = w.pool.title
+    doc = QTextDocument()
+    doc.setDefaultFont(title.font())
+    doc.setDocumentMargin(0)
+    doc.setHtml(title.text())
+    assert doc.idealWidth() <= title.contentsRect().width(), title.text()
+    assert doc.size().height() <= title.contentsRect().height() + 1  # every line shown
+    assert "120 evicted" in title.text() and "2048 blocks" in title.text()
+    assert w.width() == size[0]  # the title never widens the window
+
+
 def labels_inside(panel: PrefixTreePanel) -> list[str]:
     """The labels shown, each checked to lie wholly inside the tree's view."""
     view = panel.vb.sceneBoundingRect().adjusted(-0.5, -0.5, 0.5, 0.5)
