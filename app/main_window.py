@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self.model_name = "demo"
         self.running = False
         self._tree_due = 0.0
+        self._tree_moved = 0.0  # when the tree last finished a rebuild or had none to run
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
         self._recorded_experiments = []  # measured while recording: saved when it stops
@@ -573,6 +574,8 @@ class MainWindow(QMainWindow):
         self.replay_bar.setVisible(not source.live)
         self.replay_bar.play_button.setChecked(False)
         self.selection.reset()
+        self.tree.set_identity(self.model_name if source.live else
+                               str(source.settings().get("model") or ""), not source.live)
         if source.live:
             self.show_frame(self.live.everything())
             return
@@ -755,7 +758,9 @@ class MainWindow(QMainWindow):
             panel.show_frame(frame)
         if frame.requests is not None:
             self.composer.show_requests(frame.requests)  # a chat turn's answer
-        if not self.timeline.redrew:  # the two costly panels take turns
+        # The two costly panels take turns; the tree never waits more than two of its periods
+        # (a run whose every frame redraws the timeline would draw the tree only at its end).
+        if not self.timeline.redrew or time.monotonic() - self._tree_moved > 2 / TREE_HZ:
             self._update_tree()
         self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
                                self.model_name, self.engine, self.running)
@@ -763,11 +768,12 @@ class MainWindow(QMainWindow):
     def _update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
         per frame (none pays for all of it), and once more after the last frame."""
+        now = time.monotonic()
         if self.tree.pending:
             self.tree.advance()
-            return
-        now = time.monotonic()
-        if (self.tree.stale and now >= self._tree_due and self.tree.latest is not None
+        elif (self.tree.stale and now >= self._tree_due and self.tree.latest is not None
                 and not self.docks["tree"].visibleRegion().isEmpty()):
             self.tree.prepare(self.tree.latest)
             self._tree_due, self.tree.stale = now + 1 / TREE_HZ, False
+        if not self.tree.pending:
+            self._tree_moved = now  # drawn, or nothing to draw: the tree waits for nothing

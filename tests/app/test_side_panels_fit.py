@@ -104,3 +104,92 @@ def labels_inside(panel: PrefixTreePanel) -> list[str]:
         assert view.contains(label.sceneBoundingRect()), (label.toPlainText(),
                                                           label.sceneBoundingRect(), view)
     return [label.toPlainText() for label in shown]
+
+
+def test_the_tree_draws_during_a_live_run_and_names_its_root_inside_the_view(qtbot, tmp_path):
+    w = open_window(qtbot, tmp_path)
+    w.resize(*SMALL)
+    w.reset_layout()
+    w.setFocus()
+    qtbot.keyClick(w, Qt.Key_F5)  # the demo, as fast as the engine goes
+    drawn = set()
+
+    def drawn_while_running() -> bool:
+        tree = w.tree.snapshot
+        if w.running and tree is not None and len(w.tree.flat) > 1:
+            drawn.add(tree.step)
+        return len(drawn) >= 3
+
+    qtbot.waitUntil(drawn_while_running, timeout=60_000)  # rebuilt again and again, mid-run
+    assert w.running
+    image = to_array(w.tree.plot.grab().toImage()).astype(int)
+    node_colours = [(0x00, 0x72, 0xB2), (0xE6, 0x9F, 0x00), (0x00, 0x9E, 0x73)]
+    assert sum((np.abs(image - c).max(axis=2) < 40).sum() for c in node_colours) > 40
+    w.pause()
+    qtbot.waitUntil(lambda: not w.running, timeout=10_000)
+    w.tree.flush()
+    qtbot.wait(50)
+    for size in (SMALL, LARGE):
+        w.resize(*size)
+        qtbot.waitUntil(lambda s=size: w.width() == s[0])
+        qtbot.wait(50)
+        texts = labels_inside(w.tree)
+        assert "demo · no salt" in texts, texts  # the demo's one identity: model, no salt
+        assert all("hit by 1 " not in t or "request" in t for t in texts)
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.tree.grab().save(str(ARTIFACTS / "prefix_tree_live.png"))
+    # Hovering the root says what it stands for, in words.
+    (root,) = [i for i, n in enumerate(w.tree.flat) if n.is_root]
+    x, y = w.tree.nodes.getData()
+    scene = w.tree.vb.mapViewToScene(QPointF(float(x[root]), float(y[root])))
+    qtbot.mouseMove(w.tree.plot.viewport(), w.tree.plot.mapFromScene(scene))
+    qtbot.waitUntil(lambda: "model demo" in w.tree.plot.toolTip())
+    assert "no cache salt" in w.tree.plot.toolTip() and "x:" not in w.tree.plot.toolTip()
+
+
+def test_the_tree_is_drawn_while_every_frame_redraws_the_timeline(qtbot, tmp_path):
+    """The two costly panels take turns; a run whose every frame redraws the timeline (a step
+    a frame, zoomed in) still draws the tree as it goes, not only once the run ends."""
+    w = bare_window(qtbot, tmp_path, SMALL)
+    mgr = KVCacheManager(256, 16)
+    redrew = []
+    for step in range(14):
+        mgr.admit(step, list(range(64)) + list(range(1000 * step, 1000 * step + 40)))
+        w.show_frame(Frame(snapshot=mgr.snapshot(), records=[StepRecord(step, step * 0.1)]))
+        redrew.append(w.timeline.redrew)
+        qtbot.wait(100)  # a frame every 0.1 s, as a paced run sends them
+    assert all(redrew[1:])  # the timeline took every frame...
+    assert w.tree.snapshot is not None and w.tree.snapshot.step >= 0  # ...the tree drew too
+    assert len(w.tree.flat) > 8  # a recent snapshot: the shared run and its branches
+
+
+def test_two_tenants_are_two_roots_each_named_by_its_salt(qtbot):
+    mgr = KVCacheManager(64, 16)
+    prompt = list(range(100))
+    mgr.admit(1, prompt, cache_salt="tenant-a")
+    mgr.admit(2, prompt, cache_salt="tenant-b")
+    mgr.admit(3, prompt)
+    rows = [RequestRow(r, "decode", 100, 0, 0, None, None, salt, None, "")
+            for r, salt in ((1, "tenant-a"), (2, "tenant-b"), (3, None))]
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(345, 220)  # the dock at 1280x720: the outer roots sit at its edges
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.set_identity("SmolLM2")
+    panel.show_frame(Frame(snapshot=mgr.snapshot(), requests=rows))
+    panel.flush()
+    qtbot.wait(20)
+    texts = labels_inside(panel)
+    named = [t for t in texts if "salt" in t or "tenant" in t]
+    assert len(named) == 3, texts
+    assert any("tenant-a" in t for t in named) and any("tenant-b" in t for t in named)
+    assert "no salt" in [t.split(" · ")[-1] for t in named]
+    # A replay knows only digests of the salts: the roots say so.
+    panel.set_identity("SmolLM2", digests=True)
+    digest_rows = [RequestRow(r.request_id, r.state, 100, 0, 0, None, None,
+                              None if r.cache_salt is None else f"{r.request_id:016x}", None, "")
+                   for r in rows]
+    panel.show_frame(Frame(snapshot=mgr.snapshot(), requests=digest_rows))
+    panel.flush()
+    assert sum("#000000" in t for t in labels_inside(panel)) == 2  # "salt #…" or "#…"
