@@ -193,3 +193,39 @@ def test_two_tenants_are_two_roots_each_named_by_its_salt(qtbot):
     panel.show_frame(Frame(snapshot=mgr.snapshot(), requests=digest_rows))
     panel.flush()
     assert sum("#000000" in t for t in labels_inside(panel)) == 2  # "salt #…" or "#…"
+
+
+def test_the_capacity_tab_shows_every_row_and_a_legend_that_covers_no_curve(qtbot, tmp_path):
+    w = bare_window(qtbot, tmp_path, SMALL)
+    click_tab(qtbot, w, "Capacity")
+    cap = w.capacity
+    qtbot.waitUntil(lambda: not w.docks["capacity"].visibleRegion().isEmpty())
+    for preset in range(cap.preset_box.count()):
+        cap.preset_box.setCurrentIndex(preset)
+        qtbot.wait(20)
+        # Every row of the table is shown whole inside it (the panel scrolls, not the table).
+        table = cap.table
+        assert table.rowCount() >= 4
+        for r in range(table.rowCount()):
+            top = table.rowViewportPosition(r)
+            assert top >= 0 and top + table.rowHeight(r) <= table.viewport().height(), r
+        cap.scroll.ensureWidgetVisible(table)
+        qtbot.wait(20)
+        viewport = cap.scroll.viewport()
+        shown = QRectF(table.mapTo(viewport, QPoint(0, 0)), table.size().toSizeF())
+        assert shown.height() > 0 and shown.intersects(QRectF(viewport.rect()))
+        # The chart keeps its height; its legend is outside the plotting area.
+        assert cap.plot.height() >= PLOT_MIN_HEIGHT
+        legend = QRectF(cap.legend.mapTo(w, QPoint(0, 0)), cap.legend.size().toSizeF())
+        data = cap.plot.plotItem.vb.sceneBoundingRect()
+        data.translate(QPointF(cap.plot.mapTo(w, QPoint(0, 0))))
+        assert not legend.intersects(data), (legend, data)
+        # The y range holds every curve from end to end.
+        (_, _), (y0, y1) = cap.plot.plotItem.vb.viewRange()
+        tops = [curve.getData()[1].max() for curve in cap.curves.values()]
+        for curve in cap.curves.values():
+            _, ys = curve.getData()
+            assert y0 <= ys.min() and ys.max() <= y1, (ys, y1)
+        assert max(tops) >= 0.25 * y1  # the steepest curve is not flattened by the memory line
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.docks["capacity"].grab().save(str(ARTIFACTS / "capacity_1280x720.png"))
