@@ -229,3 +229,37 @@ def test_the_capacity_tab_shows_every_row_and_a_legend_that_covers_no_curve(qtbo
         assert max(tops) >= 0.25 * y1  # the steepest curve is not flattened by the memory line
     ARTIFACTS.mkdir(exist_ok=True)
     w.docks["capacity"].grab().save(str(ARTIFACTS / "capacity_1280x720.png"))
+
+
+def test_an_answer_is_shown_whole_and_the_help_still_folds(qtbot, tmp_path):
+    w = open_window(qtbot, tmp_path)
+    w.resize(*SMALL)
+    w.reset_layout()
+    w.setFocus()
+    qtbot.keyClick(w, Qt.Key_F5)
+    qtbot.waitUntil(lambda: len(w.requests.model.rows) >= 2, timeout=60_000)
+    w.pause()
+    details = w.details
+    assert details.help.isVisible()
+    help_area = details.help_area
+    # The help is never cut mid-line: it shows whole, or scrolls.
+    assert (details.help.height() >= details.help.heightForWidth(details.help.width())
+            or help_area.verticalScrollBar().isVisible())
+    assert not help_area.geometry().intersects(details.text.geometry())
+    # Select the second request in the table and ask why it missed.
+    table = w.requests.table
+    qtbot.mouseClick(table.viewport(), Qt.LeftButton,
+                     pos=table.visualRect(w.requests.model.index(1, 0)).center())
+    qtbot.mouseClick(w.requests.explain_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: "#1" in details.text.toPlainText())
+    qtbot.wait(50)
+    assert not details.help.isVisible()  # folded: the answer gets the room
+    document = details.text.document()
+    assert document.size().height() <= details.text.viewport().height(), \
+        (document.size().height(), details.text.viewport().height())
+    assert not details.text.verticalScrollBar().isVisible()
+    # The help unfolds again with a click, and folds with another.
+    qtbot.mouseClick(details.help_button, Qt.LeftButton)
+    qtbot.waitUntil(details.help.isVisible)
+    qtbot.mouseClick(details.help_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not details.help.isVisible())
