@@ -196,7 +196,10 @@ class PoolView(QWidget):
         if self.snapshot is not None:
             title = pool_title(self.snapshot, len(self.evicted), self._title_form)
             if title != self.title.text():
+                lines = self.title.text().count("<br>")
                 self.title.setText(title)
+                if title.count("<br>") != lines:  # the grid's height changes: now, not later
+                    self.layout().activate()
 
     def _fit_title(self) -> None:
         """Pick the title's form whose widest line fits the width, for counts of as many digits
