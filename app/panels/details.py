@@ -27,6 +27,16 @@ HOW_TO_READ = (
     "blocks evicted in the step shown; a black outline the selected request's blocks.")
 
 
+class _HelpArea(QScrollArea):
+    """Asks for the height of the whole help (its maximum, set to the text's height at this
+    width); it gets less, and scrolls, only where the dock is short."""
+
+    def sizeHint(self):  # noqa: N802 - Qt API
+        hint = super().sizeHint()
+        hint.setHeight(min(self.maximumHeight(), 10 * hint.height()))
+        return hint
+
+
 class DetailsPanel(QWidget):
     def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
@@ -38,7 +48,7 @@ class DetailsPanel(QWidget):
         self.help.setAlignment(Qt.AlignLeft | Qt.AlignTop)
         # The help scrolls when the dock is short: never cut off mid-line, never over the
         # answer. It takes the height its text needs and no more.
-        self.help_area = QScrollArea()
+        self.help_area = _HelpArea()
         self.help_area.setWidget(self.help)
         self.help_area.setWidgetResizable(True)
         self.help_area.setFrameShape(QFrame.NoFrame)
@@ -78,8 +88,11 @@ class DetailsPanel(QWidget):
     def _fit_help(self) -> None:
         """The help's room: its text's height at this width, less when the answer would get
         fewer than its minimum lines (then the help scrolls)."""
-        width = self.help_area.viewport().width() or self.width()
-        self.help_area.setMaximumHeight(self.help.heightForWidth(width) + 2)
+        width = self.help_area.width() or self.width()
+        height = self.help.heightForWidth(width) + 2
+        if height != self.help_area.maximumHeight():
+            self.help_area.setMaximumHeight(height)
+            self.help_area.updateGeometry()
 
     def show_frame(self, frame: Frame) -> None:
         if frame.snapshot is not None:
