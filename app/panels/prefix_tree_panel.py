@@ -131,6 +131,15 @@ def _covers(dots: tuple[np.ndarray, float] | None, left: float, right: float) ->
     return i < len(centres) and centres[i] < right + radius
 
 
+def _free(left: float, right: float, room: tuple[float, float],
+          labels: list[tuple[float, float]], dots: list) -> bool:
+    """Whether a label over [left, right] (px) stays in its room and covers no label placed
+    already and no node of the given rows."""
+    return (room[0] <= left and right <= room[1]
+            and not any(a < right and left < b for a, b in labels)
+            and not any(_covers(d, left, right) for d in dots))
+
+
 def label_text(node: TreeNode) -> str:
     texts = label_texts(node)
     return texts[0] if texts else ""
@@ -365,19 +374,14 @@ class PrefixTreePanel(QWidget):
                 near = list(itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
                                             rows.get(row + 1, ())))
 
-                lo, hi = bounds.get(i, (0.0, width))
-
-                def free(left: float, right: float, over_nodes: bool) -> bool:
-                    return (left >= lo and right <= hi
-                            and not any(a < right and left < b for a, b in near)
-                            and (over_nodes or not any(_covers(dots.get(r), left, right)
-                                                       for r in (row - 1, row, row + 1))))
-
+                room = bounds.get(i, (0.0, width))
+                row_dots = [dots.get(r) for r in (row - 1, row, row + 1)]
                 # Clear of every node if it can be; else the fewest words over small dots.
                 tries = [(t, px, False) for t, px in zip(texts, text_pxs, strict=True)]
                 for text, text_px, over_nodes in tries + [(texts[-1], text_pxs[-1], True)]:
                     spot = next((left for left in (cx + gap[i], cx - gap[i] - text_px)
-                                 if free(left, left + text_px, over_nodes)), None)
+                                 if _free(left, left + text_px, room, near,
+                                          [] if over_nodes else row_dots)), None)
                     if spot is not None:
                         rows.setdefault(row, []).append((spot, spot + text_px))
                         wanted.append((x0 + spot / sx, y, text))
