@@ -48,6 +48,7 @@ from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
+TREE_MAX_SKIPS = 8  # frames in a row the tree yields to the timeline before it runs anyway
 LOAD_DIALOG_MS = 300  # a load still running after this shows a dialog that can cancel it
 DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
 DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
@@ -93,7 +94,7 @@ class MainWindow(QMainWindow):
         self.model_name = "demo"
         self.running = False
         self._tree_due = 0.0
-        self._tree_moved = 0.0  # when the tree last finished a rebuild or had none to run
+        self._tree_skips = 0  # frames the tree gave to the timeline since it last caught up
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
         self._recorded_experiments = []  # measured while recording: saved when it stops
@@ -758,10 +759,12 @@ class MainWindow(QMainWindow):
             panel.show_frame(frame)
         if frame.requests is not None:
             self.composer.show_requests(frame.requests)  # a chat turn's answer
-        # The two costly panels take turns; the tree never waits more than two of its periods
-        # (a run whose every frame redraws the timeline would draw the tree only at its end).
-        if not self.timeline.redrew or time.monotonic() - self._tree_moved > 2 / TREE_HZ:
+        # The two costly panels take turns; the tree waits TREE_MAX_SKIPS frames at most (a run
+        # whose every frame redraws the timeline would draw the tree only at its end).
+        if not self.timeline.redrew or self._tree_skips >= TREE_MAX_SKIPS:
             self._update_tree()
+        else:
+            self._tree_skips += 1
         self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
                                self.model_name, self.engine, self.running)
 
@@ -776,4 +779,4 @@ class MainWindow(QMainWindow):
             self.tree.prepare(self.tree.latest)
             self._tree_due, self.tree.stale = now + 1 / TREE_HZ, False
         if not self.tree.pending:
-            self._tree_moved = now  # drawn, or nothing to draw: the tree waits for nothing
+            self._tree_skips = 0  # drawn, or nothing to draw: the tree waits for nothing
