@@ -8,6 +8,7 @@ identity (model and cache salt), and no label leaves the view."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import numpy as np
@@ -122,12 +123,12 @@ def label_texts(node: TreeNode) -> list[str]:
     return [hit, f"hit by {node.hits}"]
 
 
-def _covers(dots: tuple[np.ndarray, float] | None, left: float, right: float) -> bool:
+def _covers(dots: tuple[list[float], float] | None, left: float, right: float) -> bool:
     """Whether a node of this row (sorted centres, radius) reaches into [left, right]."""
     if dots is None:
         return False
     centres, radius = dots
-    i = int(np.searchsorted(centres, left - radius))
+    i = bisect.bisect_left(centres, left - radius)
     return i < len(centres) and centres[i] < right + radius
 
 
@@ -135,9 +136,12 @@ def _free(left: float, right: float, room: tuple[float, float],
           labels: list[tuple[float, float]], dots: list) -> bool:
     """Whether a label over [left, right] (px) stays in its room and covers no label placed
     already and no node of the given rows."""
-    return (room[0] <= left and right <= room[1]
-            and not any(a < right and left < b for a, b in labels)
-            and not any(_covers(d, left, right) for d in dots))
+    if left < room[0] or right > room[1]:
+        return False
+    for a, b in labels:
+        if a < right and left < b:
+            return False
+    return not any(_covers(d, left, right) for d in dots)
 
 
 def label_text(node: TreeNode) -> str:
@@ -188,7 +192,7 @@ class PrefixTreePanel(QWidget):
         self._slot_px: float | None = None  # pixels per leaf slot the sizes were made for
         self._node_of_block: np.ndarray | None = None  # built on the first highlight
         self._candidates: list[tuple[int, list[str], list[float]]] = []  # for labels
-        self._text_px: dict[str, float] = {}
+        self._texts: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
         self._row_px = 0.0  # a label's height
         self._roots: list[int] = []  # flat indices of the roots
         self._rebuild = None  # the slices of a rebuild still to run (a generator)
@@ -322,30 +326,42 @@ class PrefixTreePanel(QWidget):
         self._draw_labels()
 
     def _measure(self, text: str) -> float:
-        """A label's width in px, as its text item draws it."""
-        doc = QTextDocument()
-        doc.setDefaultFont(self.font())  # the labels' font: the application's
-        doc.setDocumentMargin(LABEL_MARGIN)
-        doc.setPlainText(text)
-        self._row_px = doc.size().height()
-        return doc.size().width() + 1
+        """A label's width in px, as its text item draws it (the document's margins and a
+        pixel of slack around the text's advance; a text document per label costs 20x more)."""
+        if not self._row_px:
+            doc = QTextDocument()
+            doc.setDefaultFont(self.font())  # the labels' font: the application's
+            doc.setDocumentMargin(LABEL_MARGIN)
+            doc.setPlainText("×9")
+            self._row_px = doc.size().height()
+            self._metrics = QFontMetricsF(self.font())
+            self._slack = doc.size().width() - self._metrics.horizontalAdvance("×9") + 1
+        return self._metrics.horizontalAdvance(text) + self._slack
 
     def _label_candidates(self, flat: list[TreeNode]) -> list[tuple[int, list[str], list[float]]]:
         """(flat index, texts longest first, their widths in px) of the nodes worth a label,
         most telling first: the roots (their identity), the longest runs, then the most hits."""
-        widths = self._text_px
-        out = []
+        made = self._texts  # (blocks, hits) -> (texts, widths): most nodes share one
+        out, order = [], []
         for i, n in enumerate(flat):
-            texts = self.identities.labels(n) if n.is_root else label_texts(n)
-            if texts:
-                for text in texts:
-                    if text not in widths:
-                        widths[text] = self._measure(text)
-                out.append((i, texts, [widths[t] for t in texts]))
-        out.sort(key=lambda c: (not flat[c[0]].is_root, -len(flat[c[0]].blocks),
-                                -flat[c[0]].hits))
-        if len(widths) > 10_000:
-            widths.clear()
+            if n.is_root:
+                texts = self.identities.labels(n)
+                label = (texts, [self._measure(t) for t in texts])
+                rank = (0, 0, 0)
+            elif n.count > 1 or n.hits:
+                key = (n.count, n.hits)
+                label = made.get(key)
+                if label is None:
+                    texts = label_texts(n)
+                    label = made[key] = (texts, [self._measure(t) for t in texts])
+                rank = (1, -n.count, -n.hits)
+            else:
+                continue
+            out.append((i, *label))
+            order.append(rank)
+        out = [c for _, c in sorted(zip(order, out, strict=True), key=lambda p: p[0])]
+        if len(made) > 10_000:
+            made.clear()
         return out
 
     def _draw_labels(self) -> None:
@@ -376,9 +392,13 @@ class PrefixTreePanel(QWidget):
 
                 room = bounds.get(i, (0.0, width))
                 row_dots = [dots.get(r) for r in (row - 1, row, row + 1)]
+                short = text_pxs[-1]
+                if not (_free(cx + gap[i], cx + gap[i] + short, room, near, ())
+                        or _free(cx - gap[i] - short, cx - gap[i], room, near, ())):
+                    continue  # no room even for the fewest words (most nodes of a big tree)
                 # Clear of every node if it can be; else the fewest words over small dots.
                 tries = [(t, px, False) for t, px in zip(texts, text_pxs, strict=True)]
-                for text, text_px, over_nodes in tries + [(texts[-1], text_pxs[-1], True)]:
+                for text, text_px, over_nodes in tries + [(texts[-1], short, True)]:
                     spot = next((left for left in (cx + gap[i], cx - gap[i] - text_px)
                                  if _free(left, left + text_px, room, near,
                                           [] if over_nodes else row_dots)), None)
@@ -410,7 +430,7 @@ class PrefixTreePanel(QWidget):
         cuts = ([0.0] + [(at[a] + at[b]) / 2 for a, b in itertools.pairwise(order)] + [width])
         return {i: (max(0.0, cuts[k]), min(width, cuts[k + 1])) for k, i in enumerate(order)}
 
-    def _dots_by_row(self, x0, y0, sx, sy, row_px) -> dict[int, tuple[np.ndarray, float]]:
+    def _dots_by_row(self, x0, y0, sx, sy, row_px) -> dict[int, tuple[list[float], float]]:
         """Per label row, the sorted x (px) of the nodes drawn in it and their largest radius:
         a label never covers a node."""
         if not len(self._xs):
@@ -418,11 +438,12 @@ class PrefixTreePanel(QWidget):
         px = (self._xs - x0) * sx
         row = ((self._ys - y0) * sy // row_px).astype(np.int64)
         radius = self._sizes(self._slot_px or 1.0) / 2 + 1
-        out = {}
-        for r in np.unique(row).tolist():
-            mine = row == r
-            out[r] = (np.sort(px[mine]), float(radius[mine].max()))
-        return out
+        order = np.lexsort((px, row))
+        rows, starts = np.unique(row[order], return_index=True)
+        bounds = np.append(starts, len(order)).tolist()
+        px, radius = px[order].tolist(), radius[order]
+        return {r: (px[a:b], float(radius[a:b].max()))
+                for r, a, b in zip(rows.tolist(), bounds[:-1], bounds[1:], strict=True)}
 
     def highlight(self, blocks) -> None:
         wanted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
