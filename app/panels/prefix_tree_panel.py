@@ -94,7 +94,7 @@ class Identities:
                    if self.digests else f"cache salt {salt!r}")
         else:
             who = "no request seen under it yet: salt unknown"
-        return (f"root: identity {root.key:016x}… = model {self.model or '?'} · {who} · "
+        return (f"root: identity {root.key:016x} = model {self.model or '?'} · {who} · "
                 f"{below} node(s) below; chains of other identities never share blocks")
 
 
@@ -193,7 +193,9 @@ class PrefixTreePanel(QWidget):
         self._node_of_block: np.ndarray | None = None  # built on the first highlight
         self._candidates: list[tuple[int, list[str], list[float]]] = []  # for labels
         self._texts: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
-        self._row_px = 0.0  # a label's height
+        self._row_px = 0.0  # a label's height, measured with its width's slack by _measure
+        self._metrics: QFontMetricsF | None = None
+        self._slack = 0.0  # px a label's item adds to its text's advance
         self._roots: list[int] = []  # flat indices of the roots
         self._rebuild = None  # the slices of a rebuild still to run (a generator)
         self._highlighted = np.zeros(0, dtype=np.int64)
@@ -389,7 +391,6 @@ class PrefixTreePanel(QWidget):
                 row = int(cy // row_px)
                 near = list(itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
                                             rows.get(row + 1, ())))
-
                 room = bounds.get(i, (0.0, width))
                 row_dots = [dots.get(r) for r in (row - 1, row, row + 1)]
                 short = text_pxs[-1]
