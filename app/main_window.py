@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressDialog,
     QSpinBox,
+    QTabBar,
     QVBoxLayout,
     QWidget,
 )
@@ -49,6 +50,7 @@ from kvscope.sessions import SessionError
 
 FRAME_MS = 33  # the GUI pulls at most ~30 frames a second
 TREE_HZ = 4  # the prefix tree is rebuilt at most this often
+TREE_MAX_SKIPS = 8  # frames in a row the tree yields to the timeline before it runs anyway
 LOAD_DIALOG_MS = 300  # a load still running after this shows a dialog that can cancel it
 DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
 DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
@@ -95,6 +97,7 @@ class MainWindow(QMainWindow):
         self.model_name = "demo"
         self.running = False
         self._tree_due = 0.0
+        self._tree_skips = 0  # frames the tree gave to the timeline since it last caught up
         self.recording_path: str | None = None
         self.last_session: str | None = None  # the latest recording, for export
         self._recorded_experiments = []  # measured while recording: saved when it stops
@@ -183,6 +186,20 @@ class MainWindow(QMainWindow):
         self.docks["timeline"].raise_()
         self.docks["tree"].raise_()
         self.docks["details"].raise_()  # "How to read this window" first; Text beside it
+        self._renew_tab_bars()
+
+    def _renew_tab_bars(self) -> None:
+        """Qt 6.11 leaves a stray copy of a dock tab bar on screen when a second group of
+        docks is tabified (a "Prefix tree | Capacity" bar over the requests, cut to "P" when
+        covered), deleted only once the event loop runs: the first paint or a screenshot
+        taken before shows it. restoreState() builds the bars without strays: hide them all and
+        restore the layout just made. Tab titles stay whole (scroll buttons, never "P…")."""
+        for bar in self.findChildren(QTabBar, options=Qt.FindDirectChildrenOnly):
+            bar.hide()
+        self.restoreState(self.saveState())
+        for bar in self.findChildren(QTabBar, options=Qt.FindDirectChildrenOnly):
+            bar.setElideMode(Qt.ElideNone)
+            bar.setUsesScrollButtons(True)
 
     def _default_sizes(self) -> None:
         """Dock sizes as shares of the window, so a small window gets a usable layout too."""
@@ -334,6 +351,7 @@ class MainWindow(QMainWindow):
             self.resize(1400, 900)
         if state is None or not self.restoreState(state):
             self._default_sizes()
+        self._renew_tab_bars()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.settings.setValue("geometry", self.saveGeometry())
@@ -610,6 +628,9 @@ class MainWindow(QMainWindow):
         self.act_detach.setEnabled(getattr(source, "attached", False))
         if not getattr(source, "attached", False) and self.recording_path is None:
             self.recording_label.setText("")
+        ours = source.live and not getattr(source, "attached", False)  # our engine, live
+        self.tree.set_identity(self.model_name if ours else
+                               str(source.settings().get("model") or ""), not source.live)
         if source.live:
             self.show_frame(source.everything())
             return
@@ -807,8 +828,12 @@ class MainWindow(QMainWindow):
             panel.show_frame(frame)
         if frame.requests is not None:
             self.composer.show_requests(frame.requests)  # a chat turn's answer
-        if not self.timeline.redrew:  # the two costly panels take turns
+        # The two costly panels take turns; the tree waits TREE_MAX_SKIPS frames at most (a run
+        # whose every frame redraws the timeline would draw the tree only at its end).
+        if not self.timeline.redrew or self._tree_skips >= TREE_MAX_SKIPS:
             self._update_tree()
+        else:
+            self._tree_skips += 1
         self.status.show_frame(self.snapshot, frame.records, self.source, self.selection.step,
                                self.model_name, self.engine, self.running)
         self.attach_view.after_frame(frame)
@@ -816,11 +841,12 @@ class MainWindow(QMainWindow):
     def _update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
         per frame (none pays for all of it), and once more after the last frame."""
+        now = time.monotonic()
         if self.tree.pending:
             self.tree.advance()
-            return
-        now = time.monotonic()
-        if (self.tree.stale and now >= self._tree_due and self.tree.latest is not None
+        elif (self.tree.stale and now >= self._tree_due and self.tree.latest is not None
                 and not self.docks["tree"].visibleRegion().isEmpty()):
             self.tree.prepare(self.tree.latest)
             self._tree_due, self.tree.stale = now + 1 / TREE_HZ, False
+        if not self.tree.pending:
+            self._tree_skips = 0  # drawn, or nothing to draw: the tree waits for nothing

@@ -28,6 +28,8 @@ class TreeNode:
     parent: TreeNode | None = None
     x: float = 0.0
     level: int = 0  # nodes from the root: the y of the layout
+    key: int = 0  # a root's identity: the short parent hash of its chains' first blocks (the
+    #               digest of model, adapter and salt); 0: first blocks without a hash yet
 
     @property
     def is_root(self) -> bool:
@@ -94,7 +96,7 @@ def make_forest(snap: Snapshot, runs: Runs) -> list[TreeNode]:
             node.parent = node_of[up_head]
         else:  # under the root of its identity (0: a first block without a hash)
             if key not in roots:
-                roots[key] = TreeNode([ROOT], -1, 0, 0)
+                roots[key] = TreeNode([ROOT], -1, 0, 0, key=key)
             node.parent = roots[key]
         node.parent.children.append(node)
     forest = [roots[k] for k in sorted(roots, key=lambda k: k == 0)]  # unhashed firsts last

@@ -16,11 +16,13 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
+    QFrame,
     QGridLayout,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -38,6 +40,8 @@ KIND_COLORS = {"MHA": palette.EVICTED_COLOR, "GQA": palette.ACTIVE_COLOR,
                "MQA": palette.CACHED_COLOR}
 PRECISION_BYTES = {"16-bit": 2, "fp8": 1, "fp32": 4}
 WIDE_MIN = 600  # px: below this the panel stacks its parts (a side dock)
+PLOT_MIN_HEIGHT = 170  # px: the plot never gets less; the panel scrolls instead
+TABLE_MIN_ROWS = 3  # beside the plot (wide), the table shows at least these rows; stacked, all
 COLUMNS = ("layout", "cache", "bytes\n/ token", "tokens\nthat fit", "requests\nthat fit")
 
 TIP_MEMORY = ("Memory for the KV cache, in GiB (1 GiB = 2^30 bytes): what is left on the GPU "
@@ -72,6 +76,27 @@ def _spin(lo: int, hi: int, value: int, tip: str, suffix: str = "") -> QSpinBox:
 
 def _short(kind: str, kv_heads: int, is_model: bool) -> str:
     return f"{kind} {kv_heads} KV" + (" (model)" if is_model else "")
+
+
+class _Body(QWidget):
+    """The scrolled part: in a short dock as tall as its parts need at their smallest (the
+    plot's and the table's preferred heights would make the user scroll past empty plot)."""
+
+    def __init__(self, on_resize):
+        super().__init__()
+        self.splitter: QSplitter | None = None
+        self.on_resize = on_resize  # the panel places its table once the body has its width
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self.on_resize()
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt API
+        height = super().heightForWidth(width)
+        if self.splitter is not None:
+            height -= max(0, self.splitter.sizeHint().height()
+                          - self.splitter.minimumSizeHint().height())
+        return height
 
 
 class CapacityPanel(QWidget):
@@ -149,13 +174,13 @@ class CapacityPanel(QWidget):
                              "context × KV bytes per token, one line per attention layout at the "
                              "chosen precision. The dashed line is the memory budget: where a "
                              "line crosses it, a single request fills the memory.")
-        self.legend = self.plot.addLegend(offset=(6, 6), brush=pg.mkBrush(255, 255, 255, 220),
-                                          labelTextSize="8pt", labelTextColor="#222222")
+        # The legend is a line above the plot, not a box in it: it never covers a curve.
+        self.legend = QLabel()
+        self.legend.setWordWrap(True)
+        self.legend.setToolTip(self.plot.toolTip())
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.memory_line = pg.InfiniteLine(
-            angle=0, movable=False, pen=pg.mkPen("#333333", width=1.5, style=Qt.DashLine),
-            label="", labelOpts={"position": 0.5, "color": "#333333", "anchors": [(0.5, 0),
-                                                                                   (0.5, 0)]})
+            angle=0, movable=False, pen=pg.mkPen("#333333", width=1.5, style=Qt.DashLine))
         self.context_line = pg.InfiniteLine(angle=90, movable=False,
                                             pen=pg.mkPen("#999999", width=1))
         self.plot.addItem(self.memory_line)
@@ -184,14 +209,31 @@ class CapacityPanel(QWidget):
             name = QLabel(text + ":")
             self.result_names[text] = name
             self.result_pairs.append((name, label))
+        chart = QWidget()
+        chart_layout = QVBoxLayout(chart)
+        chart_layout.setContentsMargins(0, 0, 0, 0)
+        chart_layout.setSpacing(0)
+        chart_layout.addWidget(self.legend)
+        chart_layout.addWidget(self.plot, 1)
+        self.plot.setMinimumHeight(PLOT_MIN_HEIGHT)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
-        split.addWidget(self.plot)
+        split.addWidget(chart)
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 1)
         split.setChildrenCollapsible(False)
         self.splitter = split
-        layout = QVBoxLayout(self)
+        # Everything scrolls in a short dock: the parts keep the height they need to be read.
+        self.body = _Body(self._place_table)
+        self.body.splitter = split
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(self.body)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
+        layout = QVBoxLayout(self.body)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(3)
         layout.addLayout(top)
@@ -223,14 +265,23 @@ class CapacityPanel(QWidget):
         wide = self.width() >= WIDE_MIN
         if wide != self._wide:
             self._reflow(wide)
+        header = self.table.horizontalHeader().sizeHint().height() + 2 * self.table.frameWidth()
+        row = self.table.verticalHeader().defaultSectionSize()
+        if self._table_width > self.table.width() or self.table.horizontalScrollBar().isVisible():
+            header += self.table.horizontalScrollBar().sizeHint().height()  # it takes a row
         if wide:
+            self.table.setMinimumHeight(header + TABLE_MIN_ROWS * row)
             table = min(self._table_width + 2, int(self.width() * 0.62))
+            chart_width = self.splitter.width() - table - self.splitter.handleWidth()
             self.splitter.setSizes([table, max(1, self.splitter.width() - table)])
-        else:
-            table = (self.table.horizontalHeader().sizeHint().height()
-                     + 2 * self.table.frameWidth()
-                     + self.table.rowCount() * self.table.verticalHeader().defaultSectionSize())
+        else:  # every row shown: the table never scrolls, the panel does
+            table = header + self.table.rowCount() * row
+            self.table.setMinimumHeight(table)
+            chart_width = self.splitter.width()
             self.splitter.setSizes([table, max(1, self.splitter.height() - table)])
+        # A splitter knows no height-for-width: the legend's lines at its width, told outright.
+        if chart_width > 50:
+            self.legend.setMinimumHeight(max(0, self.legend.heightForWidth(chart_width)))
 
     def _reflow(self, wide: bool) -> None:
         self._wide = wide
@@ -419,7 +470,6 @@ class CapacityPanel(QWidget):
         if list(self.curves) != names:
             for curve in self.curves.values():
                 self.plot.removeItem(curve)
-            self.legend.clear()
             self.curves = {}
             for name, (_, v, own) in zip(names, layouts, strict=True):
                 pen = pg.mkPen(KIND_COLORS[v.kind], width=3 if own else 2)
@@ -428,7 +478,23 @@ class CapacityPanel(QWidget):
             self.curves[name].setData([0, x_max], [0, x_max * cap.kv_bytes_per_token(v, b) / GIB])
         mem_gib = mem / GIB
         self.memory_line.setValue(mem_gib)
-        self.memory_line.label.setFormat(f"memory {mem_gib:,.1f} GiB")
         self.context_line.setValue(ctx)
+        # The curves decide the y range; the memory line joins them when it is near enough
+        # not to flatten them (within 4x of the steepest), else the legend says where it is.
+        top = max(x_max * cap.kv_bytes_per_token(v, b) / GIB for _, v, _own in layouts)
+        shown = mem_gib <= 4 * top
+        self.memory_line.setVisible(shown)
         self.plot.setXRange(0, x_max, padding=0.02)
-        self.plot.setYRange(0, mem_gib * 1.6, padding=0.02)
+        self.plot.setYRange(0, max(top, mem_gib if shown else 0) * 1.05, padding=0.02)
+        def item(mark: str, text: str) -> str:  # kept on one line
+            return f"{mark}&nbsp;{text.replace(' ', '&nbsp;')}"
+
+        swatches = [item(f'<span style="color:{KIND_COLORS[v.kind]}">━</span>', name)
+                    for name, (_, v, _own) in zip(names, layouts, strict=True)]
+        memory = f"memory {mem_gib:,.1f} GiB"
+        swatches.append(item("╌", memory) if shown else item("", f"{memory} (above the chart)"))
+        self.legend.setText(" &nbsp; ".join(swatches))
+        self.legend.setToolTip(self.plot.toolTip() if shown else
+                               f"The memory budget, {memory}, is above the chart: no request "
+                               f"of up to {x_max:,} tokens fills it.")
+        self._place_table()

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QTextBrowser, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_view import describe_block
@@ -18,6 +27,16 @@ HOW_TO_READ = (
     "blocks evicted in the step shown; a black outline the selected request's blocks.")
 
 
+class _HelpArea(QScrollArea):
+    """Asks for the height of the whole help (its maximum, set to the text's height at this
+    width); it gets less, and scrolls, only where the dock is short."""
+
+    def sizeHint(self):  # noqa: N802 - Qt API
+        hint = super().sizeHint()
+        hint.setHeight(min(self.maximumHeight(), 10 * hint.height()))
+        return hint
+
+
 class DetailsPanel(QWidget):
     def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
@@ -26,6 +45,16 @@ class DetailsPanel(QWidget):
         self.snapshot = None
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
+        self.help.setAlignment(Qt.AlignLeft | Qt.AlignTop)
+        # The help scrolls when the dock is short: never cut off mid-line, never over the
+        # answer. It takes the height its text needs and no more.
+        self.help_area = _HelpArea()
+        self.help_area.setWidget(self.help)
+        self.help_area.setWidgetResizable(True)
+        self.help_area.setFrameShape(QFrame.NoFrame)
+        self.help_area.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.help_area.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
+        self.help_area.setMinimumHeight(2 * self.fontMetrics().lineSpacing())
         self.help_button = QToolButton()  # collapses the help: the answers get its room
         self.help_button.setText("How to read this window")
         self.help_button.setCheckable(True)
@@ -39,15 +68,31 @@ class DetailsPanel(QWidget):
         self.text.anchorClicked.connect(self._on_link)
         self.text.setPlaceholderText("Select a request and press “Why did this miss?”, or "
                                      "click a block")
+        self.text.setMinimumHeight(3 * self.fontMetrics().lineSpacing())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(2)
         layout.addWidget(self.help_button)
-        layout.addWidget(self.help)
+        layout.addWidget(self.help_area)
         layout.addWidget(self.text, 1)
 
     def _show_help(self, shown: bool) -> None:
-        self.help.setVisible(shown)
+        self.help_area.setVisible(shown)
         self.help_button.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
+        self._fit_help()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self._fit_help()
+
+    def _fit_help(self) -> None:
+        """The help's room: its text's height at this width, less when the answer would get
+        fewer than its minimum lines (then the help scrolls)."""
+        width = self.help_area.width() or self.width()
+        height = self.help.heightForWidth(width) + 2
+        if height != self.help_area.maximumHeight():
+            self.help_area.setMaximumHeight(height)
+            self.help_area.updateGeometry()
 
     def show_frame(self, frame: Frame) -> None:
         if frame.snapshot is not None:
@@ -73,4 +118,11 @@ class DetailsPanel(QWidget):
             self.selection.select_step(int(url.path()))
 
     def show_text(self, title: str, body: str) -> None:
-        self.text.setHtml(f"<h3>{title}</h3><p>{body}</p>")
+        """Show an answer. The help folds away the first time (a click brings it back): an
+        answer needs the room more than the help, once the window has been read."""
+        if not self._answered and self.help_button.isChecked():
+            self.help_button.setChecked(False)
+        self._answered = True
+        self.text.setHtml(f"<p><b>{title}</b></p><p>{body}</p>")
+
+    _answered = False

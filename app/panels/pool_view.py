@@ -6,9 +6,12 @@ during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QFont, QFontMetricsF
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.app import palette
@@ -55,11 +58,19 @@ def chain_depth(s: Snapshot, block: int) -> int:
     return depth
 
 
-def pool_title(s: Snapshot, evicted: int) -> str:
-    return (f"<b>Block pool</b> · {s.num_blocks} blocks of {s.block_size} tokens · "
-            f"{s.num_active_blocks} active ({s.num_shared_blocks} shared) · "
-            f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · "
-            f"{evicted} evicted this step")
+def pool_title(s: Snapshot, evicted: int, form: int = 0) -> str:
+    """The pool's title with its counts. form 0: one line; 1: the pool's size on the first
+    line, the counts on the second; 2: the same, "this step" left to the tooltip."""
+    size = f"{s.num_blocks} blocks of {s.block_size} tokens"
+    counts = (f"{s.num_active_blocks} active ({s.num_shared_blocks} shared) · "
+              f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · {evicted} evicted")
+    return (f"<b>Block pool</b> · {size}{'<br>' if form else ' · '}{counts}"
+            + ("" if form == 2 else " this step"))
+
+
+TITLE_TIP = ("Blocks of the pool by state: active (held by at least one request; shared: by two "
+             "or more), cached (no request holds it, its hash is kept for reuse), free (no "
+             "hash), and the cached blocks evicted during the step shown")
 
 
 class PoolView(QWidget):
@@ -102,6 +113,8 @@ class PoolView(QWidget):
         self.dead: np.ndarray = np.zeros(0, dtype=np.int64)
         self.title = QLabel("<b>Block pool</b>")
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.title.setToolTip(TITLE_TIP)
+        self._title_form = 0  # pool_title's form that fits the width (see _fit_title)
         self.hover_label = QLabel(HOVER_HINT)
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -168,9 +181,9 @@ class PoolView(QWidget):
         self.image.setImage(grid.reshape(rows, self.cols), autoLevels=False, levels=(0, 255))
         self.evicted = gone = np.asarray(evicted if evicted is not None else [], dtype=np.int64)
         self.evicted_outline.setData(x=(gone % self.cols) + 0.5, y=(gone // self.cols) + 0.5)
-        title = pool_title(snap, len(gone))
-        if title != self.title.text():
-            self.title.setText(title)
+        if resized:
+            self._fit_title()
+        self._show_title()
         if resized:
             self.auto_fit = True
         if self.auto_fit:
@@ -178,6 +191,37 @@ class PoolView(QWidget):
         if self.cols != cols:
             self._draw_outline()  # the same blocks in other cells
         self._draw_gaps()
+
+    def _show_title(self) -> None:
+        if self.snapshot is not None:
+            title = pool_title(self.snapshot, len(self.evicted), self._title_form)
+            if title != self.title.text():
+                lines = self.title.text().count("<br>")
+                self.title.setText(title)
+                if title.count("<br>") != lines:  # the grid's height changes: now, not later
+                    self.layout().activate()
+
+    def _fit_title(self) -> None:
+        """Pick the title's form whose widest line fits the width, for counts of as many digits
+        as the pool allows: the title keeps its lines while the counts change."""
+        s = self.snapshot
+        if s is None:
+            return
+        widest = s.num_blocks
+        probe = dataclasses.replace(s, num_free_blocks=widest, num_active_blocks=widest,
+                                    num_cached_blocks=widest, num_shared_blocks=widest)
+        bold = QFont(self.title.font())
+        bold.setBold(True)
+        margins = self.layout().contentsMargins()
+        metrics, room = QFontMetricsF(bold), self.width() - margins.left() - margins.right()
+        form = 2
+        for form in range(3):
+            lines = pool_title(probe, widest, form).replace("<b>", "").replace("</b>", "")
+            if max(metrics.horizontalAdvance(line) for line in lines.split("<br>")) <= room:
+                break
+        if form != self._title_form:
+            self._title_form = form
+            self._show_title()
 
     def fit(self) -> None:
         """Show the whole pool (double-click or a new pool size brings this back)."""
@@ -191,6 +235,7 @@ class PoolView(QWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
+        self._fit_title()
         if self.snapshot is not None and self.auto_fit:
             if grid_columns(self.snapshot.num_blocks, self._aspect()) != self.cols:
                 self.set_snapshot(self.snapshot, self._evicted)

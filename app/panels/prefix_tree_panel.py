@@ -3,16 +3,18 @@
 One ScatterPlotItem for the nodes, one line item for the edges and a few text labels placed
 where they do not overlap, so a thousand nodes stay fast and readable: zoomed out, nodes shrink
 to dots (cached smallest, shared biggest) and only the longest runs are labelled; zoom with the
-wheel and pan to read the rest; double-click fits the tree again."""
+wheel and pan to read the rest; double-click fits the tree again. Each root is labelled with its
+identity (model and cache salt), and no label leaves the view."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFontMetricsF
+from PySide6.QtGui import QFontMetricsF, QTextDocument
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
@@ -27,22 +29,124 @@ STATE_BRUSH = {FREE: "#bbbbbb", ACTIVE: palette.ACTIVE_COLOR, SHARED: palette.SH
                CACHED: palette.CACHED_COLOR, -1: "#444444"}
 
 
-def node_text(node: TreeNode, snap: Snapshot) -> str:
+def _requests(n: int) -> str:
+    return f"{n} request{'s' if n != 1 else ''}"
+
+
+class Identities:
+    """What each root of the tree stands for. A root is one identity: the digest of the model,
+    the adapter and the cache salt that every chain under it starts from (the short parent hash
+    of its first blocks). The frames carry each request's salt (in a replay, a digest of it) and
+    the pool its block tables: a request whose first block hangs under a root names the root's
+    salt, remembered for as long as the source is shown. This engine serves no adapters: the
+    model and the salt make the identity."""
+
+    def __init__(self):
+        self.model = ""
+        self.digests = False  # salts are digests (a replay never stores the salts themselves)
+        self.salts: dict[int, str | None] = {}  # request -> its salt
+        self.of_root: dict[int, str | None] = {}  # root key -> the salt of its chains
+
+    def reset(self, model: str = "", digests: bool = False) -> None:
+        self.model, self.digests = model, digests
+        self.salts.clear()
+        self.of_root.clear()
+
+    def learn(self, frame: Frame) -> None:
+        if frame.requests is not None:
+            self.salts.update((r.request_id, r.cache_salt) for r in frame.requests)
+        snap = frame.snapshot
+        if snap is not None:
+            for rid, table in snap.block_tables.items():
+                if len(table) and rid in self.salts:
+                    key = int(snap.parent_hash[table[0]])
+                    if key and key not in self.of_root:
+                        self.of_root[key] = self.salts[rid]
+
+    def _salt(self, key: int) -> str:
+        salt = self.of_root[key]
+        if salt is None:
+            return "no salt"
+        if self.digests:
+            return f"salt #{salt[:6]}"
+        return f"salt {salt if len(salt) <= 14 else salt[:13] + '…'}"
+
+    def labels(self, root: TreeNode) -> list[str]:
+        """The root's label, longest first: the window tries each until one fits."""
+        if root.key == 0:
+            return ["first blocks not hashed yet", "no hash yet"]
+        model = f"{self.model} · " if self.model else ""
+        if root.key in self.of_root:
+            salt = self._salt(root.key)
+            return [model + salt, salt, salt.removeprefix("salt ")]
+        digest = f"{root.key:016x}"[:8]
+        return [f"{model}identity {digest}…", f"id {digest}…"]
+
+    def words(self, root: TreeNode) -> str:
+        below = sum(1 for _ in walk([root])) - 1
+        if root.key == 0:
+            return (f"root of the blocks without a hash yet (a prompt's first block not full, "
+                    f"or not written yet) · {below} node(s) below")
+        if root.key in self.of_root:
+            salt = self.of_root[root.key]
+            who = ("no cache salt" if salt is None else
+                   f"cache salt digest {salt} (equal digests: equal salts, in this session)"
+                   if self.digests else f"cache salt {salt!r}")
+        else:
+            who = "no request seen under it yet: salt unknown"
+        return (f"root: identity {root.key:016x} = model {self.model or '?'} · {who} · "
+                f"{below} node(s) below; chains of other identities never share blocks")
+
+
+def node_text(node: TreeNode, snap: Snapshot, identities: Identities | None = None) -> str:
     if node.is_root:
-        return f"root · {sum(1 for _ in walk([node])) - 1} node(s) below"
+        return (identities or Identities()).words(node)
     first, last = node.blocks[0], node.blocks[-1]
     span = f"block {first}" if node.count == 1 else f"{node.count} blocks {first}…{last}"
     owners = sorted(r for r, t in snap.block_tables.items() if first in t)
-    text = (f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hit by {node.hits} "
-            f"request{'s' if node.hits != 1 else ''}")
+    text = (f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hit by "
+            f"{_requests(node.hits)}")
     if owners:
         text += " · owners " + " ".join(f"#{r}" for r in owners)
     return text
 
 
+def label_texts(node: TreeNode) -> list[str]:
+    """A node's label, longest first (empty: no label): the run's length and the requests that
+    hit it, then fewer words where the long one does not fit."""
+    count = f"×{node.count}" if node.count > 1 else ""
+    if not node.hits:
+        return [count] if count else []
+    hit = f"hit by {_requests(node.hits)}"
+    if count:
+        return [f"{count} · {hit}", count]
+    return [hit, f"hit by {node.hits}"]
+
+
+def _covers(dots: tuple[list[float], float] | None, left: float, right: float) -> bool:
+    """Whether a node of this row (sorted centres, radius) reaches into [left, right]."""
+    if dots is None:
+        return False
+    centres, radius = dots
+    i = bisect.bisect_left(centres, left - radius)
+    return i < len(centres) and centres[i] < right + radius
+
+
+def _free(left: float, right: float, room: tuple[float, float],
+          labels: list[tuple[float, float]], dots: list) -> bool:
+    """Whether a label over [left, right] (px) stays in its room and covers no label placed
+    already and no node of the given rows."""
+    if left < room[0] or right > room[1]:
+        return False
+    for a, b in labels:
+        if a < right and left < b:
+            return False
+    return not any(_covers(d, left, right) for d in dots)
+
+
 def label_text(node: TreeNode) -> str:
-    return ((f"×{node.count}" if node.count > 1 else "")
-            + (f" hit by {node.hits}" if node.hits else "")).strip()
+    texts = label_texts(node)
+    return texts[0] if texts else ""
 
 
 class PrefixTreePanel(QWidget):
@@ -53,6 +157,7 @@ class PrefixTreePanel(QWidget):
         self.selection = selection or Selection()
         self.selection.request_changed.connect(self._on_selection)
         self.selection.blocks_changed.connect(self._on_selection)
+        self.identities = Identities()  # what each root stands for, learnt from the frames
         self.latest: Snapshot | None = None  # the newest snapshot shown (the tree may lag it)
         self.stale = False  # a snapshot came since the last rebuild began
         self.plot = pg.PlotWidget(background="w")
@@ -86,8 +191,12 @@ class PrefixTreePanel(QWidget):
         self._xs = self._ys = self._full_size = self._dot_size = np.zeros(0)
         self._slot_px: float | None = None  # pixels per leaf slot the sizes were made for
         self._node_of_block: np.ndarray | None = None  # built on the first highlight
-        self._candidates: list[tuple[int, str, float]] = []  # for labels
-        self._text_px: dict[str, float] = {}
+        self._candidates: list[tuple[int, list[str], list[float]]] = []  # for labels
+        self._texts: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
+        self._row_px = 0.0  # a label's height, measured with its width's slack by _measure
+        self._metrics: QFontMetricsF | None = None
+        self._slack = 0.0  # px a label's item adds to its text's advance
+        self._roots: list[int] = []  # flat indices of the roots
         self._rebuild = None  # the slices of a rebuild still to run (a generator)
         self._highlighted = np.zeros(0, dtype=np.int64)
         self._outline_stale = False  # True: the tree or the sizes changed under the outline
@@ -102,9 +211,15 @@ class PrefixTreePanel(QWidget):
     def show_frame(self, frame: Frame) -> None:
         """Note the frame's snapshot: the tree is rebuilt by `prepare`/`advance` (the window
         paces them) or at once by `flush`."""
+        self.identities.learn(frame)
         if frame.snapshot is not None:
             self.latest, self.stale = frame.snapshot, True
             self._on_selection()
+
+    def set_identity(self, model: str, digests: bool = False) -> None:
+        """The model the roots' chains come from, and whether the frames' salts are digests
+        (a replay); forgets the identities learnt from the source shown before."""
+        self.identities.reset(model, digests)
 
     def flush(self) -> None:
         """Show the newest snapshot's tree now."""
@@ -114,9 +229,10 @@ class PrefixTreePanel(QWidget):
 
     def clear(self) -> None:
         self.latest, self.stale, self._rebuild = None, False, None
+        self.identities.reset(self.identities.model, self.identities.digests)
         self.snapshot, self.forest, self.flat = None, [], []
         self._xs = self._ys = np.zeros(0)
-        self._candidates, self._node_of_block = [], None
+        self._candidates, self._node_of_block, self._roots = [], None, []
         self.nodes.clear()
         self.edges.setData([], [])
         self.outline.clear()
@@ -173,6 +289,7 @@ class PrefixTreePanel(QWidget):
         self._full_size = np.where(root, 9.0, 7.0 + 3.0 * ref)
         self._dot_size = np.where(root, 9.0, 3.0 + ref)
         self._candidates = candidates
+        self._roots = [i for i, n in enumerate(flat) if n.is_root]
         self._node_of_block = None
         self._outline_stale = True
         self.edges.setData(xs[seg] if len(seg) else [], ys[seg] if len(seg) else [])
@@ -210,48 +327,86 @@ class PrefixTreePanel(QWidget):
             self.highlight(self._highlighted)
         self._draw_labels()
 
-    def _label_candidates(self, flat: list[TreeNode]) -> list[tuple[int, str, float]]:
-        """(flat index, text, text width in px) of the nodes worth a label, most telling first:
-        the longest runs, then the most hits."""
-        metrics = QFontMetricsF(self.font())  # the labels' font: the application's
-        widths = self._text_px
-        out = []
+    def _measure(self, text: str) -> float:
+        """A label's width in px, as its text item draws it (the document's margins and a
+        pixel of slack around the text's advance; a text document per label costs 20x more)."""
+        if not self._row_px:
+            doc = QTextDocument()
+            doc.setDefaultFont(self.font())  # the labels' font: the application's
+            doc.setDocumentMargin(LABEL_MARGIN)
+            doc.setPlainText("×9")
+            self._row_px = doc.size().height()
+            self._metrics = QFontMetricsF(self.font())
+            self._slack = doc.size().width() - self._metrics.horizontalAdvance("×9") + 1
+        return self._metrics.horizontalAdvance(text) + self._slack
+
+    def _label_candidates(self, flat: list[TreeNode]) -> list[tuple[int, list[str], list[float]]]:
+        """(flat index, texts longest first, their widths in px) of the nodes worth a label,
+        most telling first: the roots (their identity), the longest runs, then the most hits."""
+        made = self._texts  # (blocks, hits) -> (texts, widths): most nodes share one
+        out, order = [], []
         for i, n in enumerate(flat):
-            if len(n.blocks) > 1 or n.hits > 0:
-                text = label_text(n)
-                if text not in widths:
-                    widths[text] = metrics.horizontalAdvance(text) + 2 * LABEL_MARGIN + 2
-                out.append((i, text, widths[text]))
-        out.sort(key=lambda c: (-len(flat[c[0]].blocks), -flat[c[0]].hits))
-        if len(widths) > 10_000:
-            widths.clear()
+            if n.is_root:
+                texts = self.identities.labels(n)
+                label = (texts, [self._measure(t) for t in texts])
+                rank = (0, 0, 0)
+            elif n.count > 1 or n.hits:
+                key = (n.count, n.hits)
+                label = made.get(key)
+                if label is None:
+                    texts = label_texts(n)
+                    label = made[key] = (texts, [self._measure(t) for t in texts])
+                rank = (1, -n.count, -n.hits)
+            else:
+                continue
+            out.append((i, *label))
+            order.append(rank)
+        out = [c for _, c in sorted(zip(order, out, strict=True), key=lambda p: p[0])]
+        if len(made) > 10_000:
+            made.clear()
         return out
 
     def _draw_labels(self) -> None:
-        """Label the nodes that matter most where a label fits without covering another; reuse
-        the text items: creating them per frame costs more than the tree."""
+        """Label the nodes that matter most where a label fits inside the view without covering
+        another: right of its node, else left of it, else in fewer words; reuse the text items:
+        creating them per frame costs more than the tree."""
         (x0, x1), (y0, y1) = self.vb.viewRange()
         width, height = self.vb.width(), self.vb.height()
         wanted = []
         if self._candidates and x1 > x0 and y1 > y0 and width > 0 and height > 0:
             sx, sy = width / (x1 - x0), height / (y1 - y0)
-            row_px = QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
+            row_px = self._row_px or QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
             gap = (self._sizes(self._slot_px or 1.0) / 2 + 3).tolist()  # px from the centre
             xs, ys = self._xs.tolist(), self._ys.tolist()
             rows: dict[int, list[tuple[float, float]]] = {}
-            for i, text, text_px in self._candidates:
+            dots = self._dots_by_row(x0, y0, sx, sy, row_px)
+            bounds = self._root_bounds(x0, sx, width)
+            for i, texts, text_pxs in self._candidates:
                 x, y = xs[i], ys[i]
                 if not (x0 <= x <= x1 and y0 <= y <= y1):
                     continue
-                left = (x - x0) * sx + gap[i]
-                right = left + text_px
-                row = int((y - y0) * sy // row_px)
-                near = itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
-                                       rows.get(row + 1, ()))
-                if right > width or any(a < right and left < b for a, b in near):
-                    continue
-                rows.setdefault(row, []).append((left, right))
-                wanted.append((x + gap[i] / sx, y, text))
+                cx, cy = (x - x0) * sx, (y - y0) * sy
+                if cy - row_px / 2 < 0 or cy + row_px / 2 > height:
+                    continue  # it would be cut at the top or the bottom
+                row = int(cy // row_px)
+                near = list(itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
+                                            rows.get(row + 1, ())))
+                room = bounds.get(i, (0.0, width))
+                row_dots = [dots.get(r) for r in (row - 1, row, row + 1)]
+                short = text_pxs[-1]
+                if not (_free(cx + gap[i], cx + gap[i] + short, room, near, ())
+                        or _free(cx - gap[i] - short, cx - gap[i], room, near, ())):
+                    continue  # no room even for the fewest words (most nodes of a big tree)
+                # Clear of every node if it can be; else the fewest words over small dots.
+                tries = [(t, px, False) for t, px in zip(texts, text_pxs, strict=True)]
+                for text, text_px, over_nodes in tries + [(texts[-1], short, True)]:
+                    spot = next((left for left in (cx + gap[i], cx - gap[i] - text_px)
+                                 if _free(left, left + text_px, room, near,
+                                          [] if over_nodes else row_dots)), None)
+                    if spot is not None:
+                        rows.setdefault(row, []).append((spot, spot + text_px))
+                        wanted.append((x0 + spot / sx, y, text))
+                        break
                 if len(wanted) == MAX_LABELS:
                     break
         while len(self.labels) < len(wanted):
@@ -267,6 +422,29 @@ class PrefixTreePanel(QWidget):
             label.show()
         for label in self.labels[len(wanted):]:
             label.hide()
+
+    def _root_bounds(self, x0: float, sx: float, width: float) -> dict[int, tuple[float, float]]:
+        """Per root (flat index), the span (px) its label may take: up to halfway to the
+        roots beside it, so that every root of a row gets a label, in fewer words if need be."""
+        at = {i: (self._xs[i] - x0) * sx for i in self._roots}
+        order = sorted(at, key=at.get)
+        cuts = ([0.0] + [(at[a] + at[b]) / 2 for a, b in itertools.pairwise(order)] + [width])
+        return {i: (max(0.0, cuts[k]), min(width, cuts[k + 1])) for k, i in enumerate(order)}
+
+    def _dots_by_row(self, x0, y0, sx, sy, row_px) -> dict[int, tuple[list[float], float]]:
+        """Per label row, the sorted x (px) of the nodes drawn in it and their largest radius:
+        a label never covers a node."""
+        if not len(self._xs):
+            return {}
+        px = (self._xs - x0) * sx
+        row = ((self._ys - y0) * sy // row_px).astype(np.int64)
+        radius = self._sizes(self._slot_px or 1.0) / 2 + 1
+        order = np.lexsort((px, row))
+        rows, starts = np.unique(row[order], return_index=True)
+        bounds = np.append(starts, len(order)).tolist()
+        px, radius = px[order].tolist(), radius[order]
+        return {r: (px[a:b], float(radius[a:b].max()))
+                for r, a, b in zip(rows.tolist(), bounds[:-1], bounds[1:], strict=True)}
 
     def highlight(self, blocks) -> None:
         wanted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
@@ -305,7 +483,7 @@ class PrefixTreePanel(QWidget):
     def _on_hover(self, item, points, ev) -> None:
         text = ""
         if len(points) and self.snapshot is not None:
-            text = node_text(self.flat[points[0].data()], self.snapshot)
+            text = node_text(self.flat[points[0].data()], self.snapshot, self.identities)
             self.info.setText(text)
         self.plot.setToolTip(text)
 

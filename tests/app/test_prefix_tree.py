@@ -343,7 +343,7 @@ def test_a_collapsed_run_counts_the_requests_that_hit_it_not_hits_times_blocks()
     (root,) = build_tree(snap, collapse=True)
     (run,) = [n for n in walk(root.children) if n.count == 5]
     assert run.hits == 2  # two requests, not 2 x 5 block hits
-    assert label_text(run) == "×5 hit by 2"
+    assert label_text(run) == "×5 · hit by 2 requests"  # the label says requests too
     assert "hit by 2 requests" in node_text(run, snap)
 
 
