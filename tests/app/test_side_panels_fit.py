@@ -57,7 +57,8 @@ def test_tabbed_docks_show_one_tab_bar_each_with_whole_titles(qtbot, tmp_path, s
     w = bare_window(qtbot, tmp_path, size, reset=False)
     bars = shown_tab_bars(w)
     groups = sorted(tuple(b.tabText(i) for i in range(b.count())) for b in bars)
-    assert groups == [("Prefix tree", "Capacity", "Device"), ("Timeline", "Events")]  # no stray
+    assert groups == [("Details / Why it missed", "Text"), ("Prefix tree", "Capacity", "Device"),
+                      ("Timeline", "Events")]  # no stray
     for bar in bars:
         assert w.rect().contains(bar.geometry())
         for i in range(bar.count()):
@@ -67,7 +68,7 @@ def test_tabbed_docks_show_one_tab_bar_each_with_whole_titles(qtbot, tmp_path, s
     # Again after the user resets the layout (the docks are placed anew while shown).
     w.act_reset_layout.trigger()
     qtbot.wait(20)
-    assert len(shown_tab_bars(w)) == 2
+    assert len(shown_tab_bars(w)) == 3
     click_tab(qtbot, w, "Capacity")
     qtbot.waitUntil(lambda: not w.docks["capacity"].visibleRegion().isEmpty())
     assert w.docks["tree"].visibleRegion().isEmpty()
