@@ -29,6 +29,7 @@ from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.panels.timeline_parts import (
     MARKERS,
     EventMarkers,
+    SpacedAxis,
     StepAxis,
     range_stats,
     readout,
@@ -67,22 +68,23 @@ def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
 
 
 def _columns(x: np.ndarray, y: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
-    """For x that is not evenly spaced (seconds): the samples but the last spread over `width`
-    equal columns from x[0] to x[-1]; for each column holding samples, the index of its first,
-    and the max and min of the line through them all inside the column: its samples, and the
-    line's values where it enters and leaves the column (a neighbour pixels away does not count,
-    as a neighbour does in _runs)."""
+    """For x that is not evenly spaced (seconds): x[0]..x[-1] cut into `width` equal columns;
+    each column's left edge, and the max and min of the line through every sample inside it:
+    its samples, and the line's values where it enters and leaves the column (a neighbour
+    pixels away does not count, as a neighbour does in _runs; a column with no sample gets the
+    line crossing it)."""
     edges = np.linspace(x[0], x[-1], width + 1)
-    idx = np.searchsorted(x, edges)
-    idx[-1] = len(x) - 1  # the last sample is not in a column: a curve ends on it
-    full = idx[1:] > idx[:-1]
-    starts, j = idx[:-1][full], np.flatnonzero(full)
-    inner = y[: len(x) - 1]
     at_edges = np.interp(edges, x, y)
-    enter, leave = at_edges[j], at_edges[j + 1]
-    hi = np.maximum(np.maximum.reduceat(inner, starts), np.maximum(enter, leave))
-    lo = np.minimum(np.minimum.reduceat(inner, starts), np.minimum(enter, leave))
-    return starts, hi, lo
+    hi = np.maximum(at_edges[:-1], at_edges[1:])
+    lo = np.minimum(at_edges[:-1], at_edges[1:])
+    idx = np.searchsorted(x, edges)
+    idx[-1] = len(x) - 1  # the last sample is in no column: a curve ends on it
+    full = idx[1:] > idx[:-1]
+    if full.any():
+        inner, starts = y[: len(x) - 1], idx[:-1][full]
+        hi[full] = np.maximum(hi[full], np.maximum.reduceat(inner, starts))
+        lo[full] = np.minimum(lo[full], np.minimum.reduceat(inner, starts))
+    return edges[:-1], hi, lo
 
 
 def _envelope(x, y, n: int, width: int | None):
@@ -91,8 +93,18 @@ def _envelope(x, y, n: int, width: int | None):
     if width is None:
         end, hi, lo = _runs(y, n)
         return x[:end:n], hi, lo, x[end:], y[end:]
-    starts, hi, lo = _columns(x, y, width)
-    return x[starts], hi, lo, x[-1:], y[-1:]
+    left, hi, lo = _columns(x, y, width)
+    return left, hi, lo, x[-1:], y[-1:]
+
+
+def _spans(x: np.ndarray, stop: np.ndarray, y: np.ndarray, box: bool):
+    """Each step drawn over the time it ran, from its start x to its stop: a box from 0 (box)
+    or a flat line (a staircase through the steps)."""
+    if box:
+        ys = np.zeros((len(y), 4))
+        ys[:, 1] = ys[:, 2] = y
+        return np.column_stack([x, x, stop, stop]).ravel(), ys.ravel()
+    return np.column_stack([x, stop]).ravel(), np.repeat(y, 2)
 
 
 def _peaks(x: np.ndarray, y: np.ndarray, n: int,
@@ -137,6 +149,8 @@ class Timeline(QWidget):
         self.redrew = False  # the last frame redrew the curves (the costly case)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
+        self.glw.ci.setContentsMargins(0, 2, 0, 0)  # the plots get every pixel of a short dock
+        self.glw.ci.layout.setVerticalSpacing(0)
         # One line: the legend, or the values at the step under the mouse.
         self.readout = QLabel()
         self.readout.setToolTip(HOVER_HINT)
@@ -256,7 +270,10 @@ class Timeline(QWidget):
         self.time_plot.vb.sigResized.connect(self._on_x_range)
 
     def _plot(self, row: int, label: str, tip: str, ticks=None, bottom=None) -> pg.PlotItem:
-        p = self.glw.addPlot(row=row, col=0, axisItems={"bottom": bottom} if bottom else None)
+        axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right")}
+        if bottom is not None:
+            axes["bottom"] = bottom
+        p = self.glw.addPlot(row=row, col=0, axisItems=axes)
         p.setLabel("left", label)
         p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
         p.getAxis("right").setWidth(40)
@@ -366,7 +383,8 @@ class Timeline(QWidget):
         self.x = self._x_of(self.data)
         self.x_axis.seconds = on
         self.x_axis.picture = None  # its ticks are computed anew
-        self.hit_plot.setLabel("bottom", SECONDS_LABEL if on else STEP_LABEL)
+        self.x_axis.setLabel(SECONDS_LABEL if on else STEP_LABEL)
+        self.x_axis.showLabel(self.height() >= LABELS_MIN_HEIGHT)  # setLabel shows it
         self.markers.to_x = self.step_x
         self.markers.place()
         if self._dead is not None:
@@ -437,8 +455,13 @@ class Timeline(QWidget):
         super().resizeEvent(event)
         # Short plots have no room for their rotated axis titles (they would overlap): the
         # legend line names the curves instead.
+        tall = self.height() >= LABELS_MIN_HEIGHT
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            p.getAxis("left").showLabel(self.height() >= LABELS_MIN_HEIGHT)
+            p.getAxis("left").showLabel(tall)
+        self.x_axis.showLabel(tall)  # the ticks say "s" on the wall-clock axis
+        self.token_plot.getAxis("right").showLabel(tall)  # "batch": the legend says it too
+        hit_ticks = (0, 50, 100) if tall else (0, 100)  # three labels would overlap
+        self.hit_plot.getAxis("left").setTicks([[(v, str(v)) for v in hit_ticks]])
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
@@ -474,18 +497,26 @@ class Timeline(QWidget):
         width = max(1, int(vb.width()))
         self._shown = (follow, first, end, width)
         per_pixel = (end - first) // width
-        # Seconds are not evenly spaced: runs of steps are pixel columns instead.
-        columns = width if self.wall_clock and per_pixel >= 2 else None
-        x = x[first:end]
+        columns = None
         bars = {self.total_curve: self.total_bars, self.prefill_curve: self.prefill_bars}
-        for curve, y in series:
+        if self.wall_clock:  # each step over the time it ran (to the next step's start at most)
+            after = x[end] if end < len(x) else np.inf
+            stop = np.minimum(x[first:end] + d["wall_s"][first:end],
+                              np.append(x[first + 1 : end], after))
+            series = [(c, *_spans(x[first:end], stop, y[first:end], c in bars)) for c, y in series]
+        else:
+            series = [(c, x[first:end], y[first:end]) for c, y in series]
+        for curve, xs, ys in series:
+            if self.wall_clock:  # seconds are not evenly spaced: pixel columns, not runs
+                per_pixel = len(xs) // width
+                columns = width if per_pixel >= 2 else None
             if curve in bars and per_pixel >= 2:
-                bars[curve].setData(*_bars(x, y[first:end], per_pixel, columns))
+                bars[curve].setData(*_bars(xs, ys, per_pixel, columns))
                 curve.setData([], [])
                 continue
             if curve in bars:
                 bars[curve].setData([], [])
-            curve.setData(*_peaks(x, y[first:end], per_pixel, columns))
+            curve.setData(*_peaks(xs, ys, per_pixel, columns))
         if self.wall_clock:  # steps that came after their events or the cursor get their x
             self.markers.place()
             self.set_cursor(self._cursor_step)

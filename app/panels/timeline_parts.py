@@ -31,9 +31,42 @@ class StepAxis(pg.AxisItem):
         return levels or [(1.0, 0.0)]
 
     def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph API
-        if self.seconds:
-            return super().tickStrings(values, scale, spacing)
+        if self.seconds:  # the unit on every tick: the axis title is hidden in a short dock
+            return [f"{text} s" for text in super().tickStrings(values, scale, spacing)]
         return [str(int(round(v))) for v in values]
+
+
+class SpacedAxis(pg.AxisItem):
+    """A value axis whose labels never crowd: tick levels closer than MIN_PX are dropped, and
+    the major spacing grows (1, 2, 5, 10, ...) until its labels are MIN_PX apart, though never
+    past two labels in view, so a short plot shows two or three round values rather than
+    overlapping ones."""
+
+    MIN_PX = 16  # a line of tick text and a little air
+
+    def tickSpacing(self, minVal, maxVal, size):  # noqa: N802, N803 - pyqtgraph API
+        levels = super().tickSpacing(minVal, maxVal, size)
+        if not levels or maxVal <= minVal or size <= 0:
+            return levels
+        px = size / (maxVal - minVal)  # pixels per unit
+        kept = [(s, o) for s, o in levels if s * px >= self.MIN_PX]
+        if kept:
+            return kept
+        spacing = levels[0][0]
+        while spacing * px < self.MIN_PX:
+            power = 10 ** np.floor(np.log10(spacing))
+            wider = power * {1: 2, 2: 5}.get(round(spacing / power), 10)
+            if np.floor(maxVal / wider) - np.ceil(minVal / wider) < 1:
+                break  # fewer than two labels: keep these
+            spacing = wider
+        return [(spacing, 0.0)]
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802, N803 - pyqtgraph API
+        levels = super().tickValues(minVal, maxVal, size)
+        if size < 2 * self.MIN_PX and levels and len(levels[0][1]) > 1:
+            spacing, values = levels[0]  # no room for two: the top one gives the scale
+            return [(spacing, [max(values)])]
+        return levels
 
 
 class EventMarkers:

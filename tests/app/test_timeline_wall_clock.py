@@ -70,12 +70,18 @@ def test_t_switches_the_axis_to_seconds_and_back(timeline, qtbot):
     qtbot.keyClick(t, Qt.Key_T)
     assert t.wall_clock and t.act_wall_clock.isChecked()
     qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0][1] < 10)
-    ticks = [float(v) for v in shown_ticks(t)]
+    ticks = [float(v.removesuffix(" s")) for v in shown_ticks(t)]
     total = START[99]  # about 3.5 s
     assert ticks and max(ticks) <= total + 0.5 and {1.0, 2.0, 3.0} <= set(ticks)
     assert t.x_axis.labelText == SECONDS_LABEL
     x, _ = t.tokens_curve.getData()
-    assert x[0] == 0 and x[-1] == pytest.approx(total)
+    assert x[0] == 0 and x[-1] == pytest.approx(total + RECS[99].wall_s)  # where it ended
+    # Each step is drawn over the time it ran: the long step's forward time is a box 1.5 s
+    # wide, not a line from its start to the next step's.
+    x, y = t.total_curve.getData()
+    top = RECS[LONG].decode_s * 1e3
+    at_top = sorted(v for v, h in zip(x, y, strict=True) if h == pytest.approx(top))
+    assert at_top == [pytest.approx(START[LONG]), pytest.approx(START[LONG] + 1.5)]
     qtbot.keyClick(t, Qt.Key_T)
     assert not t.wall_clock and t.x_axis.labelText == STEP_LABEL
     qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0][1] >= 99)
