@@ -22,6 +22,7 @@ import sqlite3
 import tempfile
 import urllib.parse
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,6 +48,9 @@ from kvscope.sessions.replay import PoolReplay
 from kvscope.sessions.schema import TOTALS
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Replays kept at keyframes for seeking (each about 150 bytes a block): at most this many, and
+# at most this many blocks in all (one at least).
+KEPT_KEYFRAMES, KEPT_BLOCKS = 8, 1 << 17
 _COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict}
 
 
@@ -119,6 +123,9 @@ class SessionReader:
             self.close()
             raise
         self._cursor: PoolReplay | None = None
+        # Replays at keyframes, never advanced: a seek copies one rather than decoding the
+        # keyframe and rebuilding its pool (most recently used last; bounded in blocks).
+        self._at_keyframe: OrderedDict[int, PoolReplay] = OrderedDict()
 
     # ------------------------------------------------------------------ open
     def _open(self) -> sqlite3.Connection:
@@ -415,11 +422,11 @@ class SessionReader:
             if cur.step == step:
                 return cur.snapshot()
         else:
-            kf = self._keyframe(base)
             if base == step:
-                self._cursor = PoolReplay(kf, self._policy)
+                kf = self._keyframe(base)
+                self._cursor = self._replay_at(base, kf)
                 return kf
-            cur = self._cursor = PoolReplay(kf, self._policy)
+            cur = self._cursor = self._replay_at(base)
         try:
             self._advance(cur, step)
         except BaseException:
@@ -434,6 +441,18 @@ class SessionReader:
         if step not in self._captured:
             raise SessionError(f"step {step} was published without its block state (the "
                                "recorder missed it); its neighbours replay normally")
+
+    def _replay_at(self, base: int, kf: Snapshot | None = None) -> PoolReplay:
+        """A fresh replay from the keyframe at `base` (a copy of a kept one, when kept)."""
+        kept = self._at_keyframe
+        if base in kept:
+            kept.move_to_end(base)
+        else:
+            kept[base] = PoolReplay(self._keyframe(base) if kf is None else kf, self._policy)
+            keep = max(1, min(KEPT_KEYFRAMES, KEPT_BLOCKS // max(1, self.meta.num_blocks)))
+            while len(kept) > keep:
+                kept.popitem(last=False)
+        return kept[base].copy()
 
     def _keyframe(self, step: int) -> Snapshot:
         conn = self._conn
