@@ -195,12 +195,15 @@ class BlockPool:
         by the recorded registration order; lfu: hits, then that order)."""
         pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
         hashed = np.flatnonzero(snap.block_hash != 0).tolist()
-        hashes = snap.block_hash.astype("<u8").tobytes()
-        parents = snap.parent_hash.astype("<u8").tobytes()
-        key, parent = pool.block_hash, pool.parent_hash
-        for b in hashed:
-            key[b], parent[b] = hashes[8 * b:8 * b + 8], parents[8 * b:8 * b + 8]
-        pool.hash_to_block = {key[b]: b for b in hashed}
+        unhashed = np.flatnonzero(snap.block_hash == 0).tolist()
+        for name, column in (("block_hash", snap.block_hash), ("parent_hash", snap.parent_hash)):
+            raw = column.astype("<u8").tobytes()
+            keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]  # every block's, in one go
+            for b in unhashed:
+                keys[b] = None
+            setattr(pool, name, keys)
+        key = pool.block_hash
+        pool.hash_to_block = dict(zip([key[b] for b in hashed], hashed, strict=True))
         pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
         pool.ref_count = snap.ref_count.tolist()
         if len(snap.cached_seq):  # (sessions recorded before it have none)
