@@ -560,13 +560,33 @@ class Timeline(QWidget):
             self.readout.setText(readout(self.data, i,
                                          self.markers.at(int(self.data["step"][i]))))
 
+    def show_menu(self, global_pos) -> None:
+        self.act_export_range.setEnabled(self.range_steps is not None)
+        self.act_export_range.setText("Export this range…" if self.range_steps else
+                                      "Export this range… (shift+drag to select one)")
+        self.menu.popup(global_pos)
+
+    def _right_click(self, event) -> None:
+        """The menu opens on a right click's release, not its press: a right drag still zooms."""
+        if event.type() == QEvent.MouseButtonPress:
+            self._right_from = event.position()
+        elif self._right_from is not None:
+            moved = (event.position() - self._right_from).manhattanLength()
+            self._right_from = None
+            if moved < 4:
+                self.show_menu(event.globalPosition().toPoint())
+
+    _right_from = None
+
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
         if event.type() == QEvent.ContextMenu:
-            self.act_export_range.setEnabled(self.range_steps is not None)
-            self.act_export_range.setText("Export this range…" if self.range_steps else
-                                          "Export this range… (shift+drag to select one)")
-            self.menu.popup(event.globalPos())
+            if event.reason() != event.Reason.Mouse:  # the menu key; the mouse's: on release
+                self.show_menu(watched.mapToGlobal(watched.rect().center()))
             return True
+        if (event.type() in (QEvent.MouseButtonPress, QEvent.MouseButtonRelease)
+                and event.button() == Qt.RightButton):
+            self._right_click(event)
+            return False
         if event.type() == QEvent.Leave:
             for line in self.hover_lines:
                 line.hide()

@@ -12,8 +12,6 @@ import json
 import pytest
 from conftest import open_replay, open_window, step
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtGui import QContextMenuEvent
-from PySide6.QtWidgets import QApplication
 from test_timeline_wall_clock import at_x
 
 from kvscope.app.range_export import CSV_FILTER, TRACE_FILTER
@@ -97,9 +95,7 @@ def test_replay_drag_a_range_then_export_it_as_a_trace_and_as_csv(replay, qtbot,
     # chosen type's).
     Dialogs(w, tmp_path / "range", chosen=CSV_FILTER)
     vp = t.glw.viewport()
-    pos = at_x(t, 30)
-    QApplication.sendEvent(vp, QContextMenuEvent(QContextMenuEvent.Mouse, pos,
-                                                 vp.mapToGlobal(pos)))
+    qtbot.mouseClick(vp, Qt.RightButton, pos=at_x(t, 30))
     qtbot.waitUntil(t.menu.isVisible)
     assert t.act_export_range.isEnabled()
     qtbot.mouseClick(t.menu, Qt.LeftButton,

@@ -156,3 +156,21 @@ def test_pixel_columns_keep_the_envelope_without_borrowing_far_neighbours():
         assert py[k] == pytest.approx(line.max()) and py[k + 1] == pytest.approx(line.min())
     bx, by = _bars(x, y, 0, width)
     assert by[1::2].max() == y.max() and (by[::2] == 0).all() and bx[-1] == x[-1]
+
+
+def test_a_right_click_opens_the_menu_and_a_right_drag_still_zooms(timeline, qtbot):
+    t = timeline
+    vp = t.glw.viewport()
+    shown = t.time_plot.vb.viewRange()[0]
+    qtbot.mousePress(vp, Qt.RightButton, pos=at_x(t, 20))
+    for x in (30, 40, 60):
+        qtbot.wait(15)  # pyqtgraph drops moves within 10 ms of the last
+        qtbot.mouseMove(vp, at_x(t, x))
+    qtbot.mouseRelease(vp, Qt.RightButton, pos=at_x(t, 60))
+    qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0] != shown)
+    assert not t.menu.isVisible() and not t.following
+    qtbot.mouseClick(vp, Qt.RightButton, pos=at_x(t, 50))
+    qtbot.waitUntil(t.menu.isVisible)
+    assert not t.act_export_range.isEnabled()  # no range yet
+    assert t.act_wall_clock in t.menu.actions()
+    t.menu.hide()
