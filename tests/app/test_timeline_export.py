@@ -154,6 +154,7 @@ def test_live_a_range_exports_from_the_engines_history(qtbot, tmp_path):
         with SessionReader(w.engine.history_path) as history:  # the engine process writes it
             qtbot.waitUntil(lambda: (history.refresh(), history.last_step)[1] >= 11,
                             timeout=5000)
+        qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0][1] >= 11)  # steps drawn
         drag_range(t, qtbot, 3, 8)
         assert t.range_steps == (3, 8)
         Dialogs(w, tmp_path / "live.json")
@@ -162,5 +163,13 @@ def test_live_a_range_exports_from_the_engines_history(qtbot, tmp_path):
         Dialogs(w, w.engine.history_path)  # the live input: refused too
         qtbot.mouseClick(t.export_button, Qt.LeftButton)
         assert "refusing to overwrite the input" in w.banner.label.text()
+        # T is the axis' shortcut, yet a "t" typed in the prompt is text.
+        w.activateWindow()
+        w.composer.prompt.setFocus()
+        qtbot.keyClicks(w.composer.prompt, "tt")
+        assert w.composer.prompt.toPlainText() == "tt" and not t.wall_clock
+        t.setFocus()
+        qtbot.keyClick(t, Qt.Key_T)
+        assert t.wall_clock
     finally:
         w.close()
