@@ -152,7 +152,8 @@ def test_live_a_range_exports_from_the_engines_history(qtbot, tmp_path):
             w.worker.submit(f"Live question {i} on sets? " * 3, PARAMS, None)
         step(w, qtbot, 12)
         with SessionReader(w.engine.history_path) as history:  # the engine process writes it
-            qtbot.waitUntil(lambda: (history.refresh(), history.last_step)[1] >= 11,
+            # (none at first: the recorder commits about every 0.25 s)
+            qtbot.waitUntil(lambda: (history.refresh(), history.last_step or -1)[1] >= 11,
                             timeout=5000)
         qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0][1] >= 11)  # steps drawn
         drag_range(t, qtbot, 3, 8)
