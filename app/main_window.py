@@ -41,6 +41,7 @@ from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
+from kvscope.app.range_export import RangeExporter
 from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
 from kvscope.app.sources import FrameSource, LiveSource, ReplaySource
@@ -141,6 +142,9 @@ class MainWindow(QMainWindow):
         self.composer = Composer()
         self.details = DetailsPanel(sel)
         self.timeline = Timeline(sel)
+        self.range_export = RangeExporter(self, self.shown_session, self.banner.show_error,
+                                          lambda text: self.statusBar().showMessage(text, 8000))
+        self.timeline.export_range_requested.connect(self.range_export.export)
         self.events = EventsPanel(sel)
         self.tree = PrefixTreePanel(sel)
         self.text = TextPanel(sel)
@@ -231,6 +235,7 @@ class MainWindow(QMainWindow):
         for dock in self.docks.values():
             self.view_menu.addAction(dock.toggleViewAction())
         self.view_menu.addSeparator()
+        self.view_menu.addAction(self.timeline.act_wall_clock)
         self.act_reset_layout = self.view_menu.addAction("Reset layout", self.reset_layout)
 
     def _build_toolbar(self) -> None:
@@ -608,6 +613,13 @@ class MainWindow(QMainWindow):
     def reader(self):
         """The session being replayed (None: live)."""
         return getattr(self.source, "reader", None)
+
+    def shown_session(self) -> str | None:
+        """The session file behind the steps shown: the replayed file or the live engine's
+        history (None: neither, e.g. a lab replay)."""
+        if self.reader is not None:
+            return str(self.reader.path)
+        return self.engine.history_path if self.source.live and self.engine else None
 
     def set_source(self, source: FrameSource) -> None:
         """Show another source: the panels start empty, then show all it has."""

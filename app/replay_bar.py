@@ -54,10 +54,10 @@ class ReplayBar(QWidget):
         self.label = QLabel()
         self.leave_button = QPushButton("Back to live")
         self.leave_button.clicked.connect(self.leave_requested)
-        buttons = [("⏮", "First step (Home)", lambda: self.set_step(self.slider.minimum())),
+        buttons = [("⇤", "First step (Home)", lambda: self.set_step(self.slider.minimum())),
                    ("◀", "Previous step (←)", lambda: self.step_by(-1)),
                    ("▶|", "Next step (→ or N)", lambda: self.step_by(1)),
-                   ("⏭", "Last step (End)", lambda: self.set_step(self.slider.maximum())),
+                   ("⇥", "Last step (End)", lambda: self.set_step(self.slider.maximum())),
                    ("⤺ prev", "The previous step with this kind of event", self.jump_prev),
                    ("next ⤼", "The next step with this kind of event", self.jump_next)]
         (self.first_button, self.prev_button, self.next_button, self.last_button,

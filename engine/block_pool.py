@@ -64,6 +64,11 @@ class _LruCached:
     def pop(self) -> int:
         return self._queue.popitem(last=False)[0]
 
+    def clone(self) -> _LruCached:
+        new = _LruCached()
+        new._queue = self._queue.copy()
+        return new
+
     def __len__(self) -> int:
         return len(self._queue)
 
@@ -91,6 +96,11 @@ class _HeapCached:
 
     def remove(self, block: int) -> None:
         del self._tick[block]
+
+    def clone(self) -> _HeapCached:
+        new = _HeapCached(self._key)
+        new._heap, new._tick, new._ticks = self._heap[:], self._tick.copy(), self._ticks
+        return new
 
     def pop(self) -> int:
         while True:
@@ -164,6 +174,19 @@ class BlockPool:
     def copy(self) -> PoolCopy:
         return PoolCopy(self)
 
+    def clone(self) -> BlockPool:
+        """An independent pool in the same state (C-level copies of its lists and dicts):
+        several times cheaper than `from_snapshot`, for replays that restart from one keyframe
+        again and again."""
+        new = object.__new__(BlockPool)
+        new.__dict__.update(self.__dict__)
+        for name in ("ref_count", "block_hash", "parent_hash", "hits", "cached_seq", "last_use"):
+            setattr(new, name, getattr(self, name)[:])
+        new._free, new._cached = self._free.copy(), self._cached.clone()
+        new.hash_to_block, new.dropped = self.hash_to_block.copy(), self.dropped.copy()
+        new.chain_roots = set(self.chain_roots)
+        return new
+
     @classmethod
     def from_snapshot(cls, snap, eviction_policy: str = "lru") -> BlockPool:
         """The pool a Snapshot shows, its short hashes as 8-byte keys: where a session's replay
@@ -172,12 +195,15 @@ class BlockPool:
         by the recorded registration order; lfu: hits, then that order)."""
         pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
         hashed = np.flatnonzero(snap.block_hash != 0).tolist()
-        hashes = snap.block_hash.astype("<u8").tobytes()
-        parents = snap.parent_hash.astype("<u8").tobytes()
-        key, parent = pool.block_hash, pool.parent_hash
-        for b in hashed:
-            key[b], parent[b] = hashes[8 * b:8 * b + 8], parents[8 * b:8 * b + 8]
-        pool.hash_to_block = {key[b]: b for b in hashed}
+        unhashed = np.flatnonzero(snap.block_hash == 0).tolist()
+        for name, column in (("block_hash", snap.block_hash), ("parent_hash", snap.parent_hash)):
+            raw = column.astype("<u8").tobytes()
+            keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]  # every block's, in one go
+            for b in unhashed:
+                keys[b] = None
+            setattr(pool, name, keys)
+        key = pool.block_hash
+        pool.hash_to_block = dict(zip([key[b] for b in hashed], hashed, strict=True))
         pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
         pool.ref_count = snap.ref_count.tolist()
         if len(snap.cached_seq):  # (sessions recorded before it have none)
@@ -187,8 +213,11 @@ class BlockPool:
         order = queued[np.argsort(snap.lru_rank[queued], kind="stable")]
         is_hashed = snap.block_hash[order] != 0
         pool._free = OrderedDict.fromkeys(order[~is_hashed].tolist())
-        for b in order[is_hashed].tolist():
-            pool._cached.push(b, pool)
+        if isinstance(pool._cached, _LruCached):  # release order is the queue, as it is
+            pool._cached._queue = OrderedDict.fromkeys(order[is_hashed].tolist())
+        else:
+            for b in order[is_hashed].tolist():
+                pool._cached.push(b, pool)
         pool.num_evicted = snap.num_evicted_blocks
         return pool
 

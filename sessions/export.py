@@ -39,21 +39,33 @@ def _open(session) -> tuple[SessionReader, bool]:
     return SessionReader(session), True
 
 
-def chrome_trace(reader: SessionReader) -> dict:
-    steps = reader.steps()
+def chrome_trace(reader: SessionReader, first: int | None = None,
+                 last: int | None = None) -> dict:
+    """The session as a trace; with first / last, only the steps first..last: the spans,
+    counters and events of those steps, each request in the phase it was in when the range
+    began, cut where it ends. Times stay those of the whole session's trace."""
+    lo = reader.first_step if first is None else max(first, reader.first_step or 0)
+    hi = reader.last_step if last is None else min(last, reader.last_step or 0)
+    steps = reader.steps(lo, hi) if lo is not None and lo <= hi else []
     requests = reader.requests()
-    events = reader.events_between(reader.first_step, reader.last_step) if steps else []
+    events = reader.events_between(lo, hi) if steps else []
     # The trace starts when the recording did: what happened before (requests that arrived
-    # earlier) is clipped to that instant.
+    # earlier) is clipped to that instant; a range is clipped to its first step's start.
     t0_ns = round(reader.meta.monotonic_t0 * 1e9)
+    clip_s = reader.meta.monotonic_t0
+    if first is not None and steps:
+        clip_s = max(clip_s, steps[0].start_s)
+        end_s = steps[-1].start_s + steps[-1].wall_s
+        requests = [r for r in requests if r.arrival_s <= end_s]  # none from after the range
+    clip_ns = round(clip_s * 1e9)
     # the first recorded step also publishes what the engine buffered before the recording
-    events = [e for e in events if e.time_ns >= t0_ns]
+    events = [e for e in events if e.time_ns >= clip_ns]
 
     def us(seconds: float) -> int:
-        return max(0, round(seconds * 1e9) - t0_ns) // 1000
+        return (max(clip_ns, round(seconds * 1e9)) - t0_ns) // 1000
 
     def us_ns(time_ns: int) -> int:
-        return max(0, time_ns - t0_ns) // 1000
+        return (max(clip_ns, time_ns) - t0_ns) // 1000
 
     out: list[dict] = []
     meta = [(ENGINE_PID, "engine", 0), (REQUESTS_PID, "requests", 1)]
@@ -100,8 +112,7 @@ def chrome_trace(reader: SessionReader) -> dict:
             rate["step"] = s.hit_tokens / s.query_tokens
         out.append(dict(ph="C", pid=ENGINE_PID, tid=0, name="token hit rate", ts=b, args=rate))
 
-    out += _request_tracks(requests, events, reader.meta.monotonic_t0, us, us_ns,
-                           end_of_session)
+    out += _request_tracks(requests, events, clip_s, us, us_ns, end_of_session)
     for e in events:
         if e.kind in (ev.EVICTED, ev.RESET):
             name = (f"evicted {len(e.blocks)} block(s)" if e.kind == ev.EVICTED
@@ -111,10 +122,13 @@ def chrome_trace(reader: SessionReader) -> dict:
                             args=dict(step=e.step, request=e.request_id,
                                       blocks=list(e.blocks))))
     m = reader.meta
-    return dict(traceEvents=out, displayTimeUnit="ms", otherData=dict(
-        generator="kvscope", kvscope_version=m.kvscope_version, model=m.model_name,
-        model_fingerprint=m.model_fingerprint, device=m.device, started_at=m.started_at,
-        block_size=m.block_size, num_blocks=m.num_blocks, complete=m.complete))
+    other = dict(generator="kvscope", kvscope_version=m.kvscope_version, model=m.model_name,
+                 model_fingerprint=m.model_fingerprint, device=m.device,
+                 started_at=m.started_at, block_size=m.block_size, num_blocks=m.num_blocks,
+                 complete=m.complete)
+    if first is not None or last is not None:
+        other["steps"] = [steps[0].step, steps[-1].step] if steps else []
+    return dict(traceEvents=out, displayTimeUnit="ms", otherData=other)
 
 
 def _phase_at_start(r: RecordedRequest, t0: float) -> str | None:
@@ -283,12 +297,52 @@ def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
                 row[names.index("params")] = json.dumps(r.params)
                 w.writerow(row)
         steps_path = out / "steps.csv"
-        cols, rows = reader.step_table()
-        with open(steps_path, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(cols)
-            w.writerows(rows)
+        _write_steps(steps_path, *reader.step_table())
     finally:
         if owned:
             reader.close()
     return [req_path, steps_path]
+
+
+def _write_steps(path: Path, cols: list[str], rows) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows(rows)
+
+
+def export_range(session, out_path: str | os.PathLike, first: int, last: int,
+                 overwrite: bool = False) -> tuple[int, int]:
+    """Steps first..last of a session to one file: a Chrome trace (OUT.json, what
+    `chrome_trace(reader, first, last)` gives) or the steps' rows (OUT.csv, the columns of
+    `export_csv`'s steps.csv). Never over the session; over an existing file only when
+    `overwrite` (FileExistsError otherwise). Returns the steps written: the range as far as the
+    session has it (a live history may not have written the newest steps yet); ValueError when
+    it has none of them."""
+    reader, owned = _open(session)
+    out = Path(out_path)
+    part = out.with_name(out.name + ".part")
+    started = False
+    try:
+        check_output(reader.path, out)
+        check_output(reader.path, part)
+        if out.exists() and not overwrite:
+            raise FileExistsError(f"{out} exists: not overwriting it")
+        lo, hi = max(first, reader.first_step or 0), min(last, reader.last_step or -1)
+        if reader.num_steps == 0 or lo > hi:
+            raise ValueError(f"the session has none of the steps {first}–{last}")
+        started = True
+        if out.suffix.lower() == ".csv":
+            cols, rows = reader.step_table()
+            i = cols.index("step")
+            _write_steps(part, cols, [r for r in rows if lo <= r[i] <= hi])
+        else:
+            with open(part, "w", encoding="utf-8") as f:
+                json.dump(chrome_trace(reader, lo, hi), f, separators=(",", ":"))
+        os.replace(part, out)  # a failed export leaves no half-written file behind
+    finally:
+        if started:
+            part.unlink(missing_ok=True)
+        if owned:
+            reader.close()
+    return lo, hi

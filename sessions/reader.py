@@ -22,6 +22,7 @@ import sqlite3
 import tempfile
 import urllib.parse
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,6 +48,10 @@ from kvscope.sessions.replay import PoolReplay
 from kvscope.sessions.schema import TOTALS
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Replays kept for seeking, at keyframes and halfway between them: at most KEPT_REPLAYS, and
+# KEPT_BLOCKS blocks in all (one replay at least; about 180 bytes a block, so about 47 MB at
+# most). Intervals shorter than twice MIN_HALF_INTERVAL steps are not split.
+KEPT_REPLAYS, KEPT_BLOCKS, MIN_HALF_INTERVAL = 16, 1 << 18, 16
 _COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict}
 
 
@@ -119,6 +124,10 @@ class SessionReader:
             self.close()
             raise
         self._cursor: PoolReplay | None = None
+        # Replays at keyframes (and halfway to the next), never advanced: a seek copies one
+        # rather than decoding the keyframe and rebuilding its pool (most recently used last;
+        # bounded in blocks).
+        self._at_keyframe: OrderedDict[int, PoolReplay] = OrderedDict()
 
     # ------------------------------------------------------------------ open
     def _open(self) -> sqlite3.Connection:
@@ -438,16 +447,24 @@ class SessionReader:
                                       f"step {step}")
         base = self.keyframe_steps[k]
         cur = self._cursor
-        if cur is not None and base <= cur.step <= step:
+        # the nearest replay kept between the keyframe and the step (see _midpoint)
+        kept = max((s for s in self._at_keyframe if base < s <= step), default=None)
+        if cur is not None and base <= cur.step <= step and (kept is None or cur.step >= kept):
             if cur.step == step:
                 return cur.snapshot()
+        elif kept is not None:
+            cur = self._cursor = self._replay_at(kept)
         else:
-            kf = self._keyframe(base)
             if base == step:
-                self._cursor = PoolReplay(kf, self._policy)
+                kf = self._keyframe(base)
+                self._cursor = self._replay_at(base, kf)
                 return kf
-            cur = self._cursor = PoolReplay(kf, self._policy)
+            cur = self._cursor = self._replay_at(base)
+        mid = self._midpoint(k)
         try:
+            if mid is not None and cur.step < mid < step and mid not in self._at_keyframe:
+                self._advance(cur, mid)  # kept on the way: later seeks past it start there
+                self._keep(mid, cur.copy())
             self._advance(cur, step)
         except BaseException:
             self._cursor = None  # half-replayed: start from a keyframe next time
@@ -461,6 +478,32 @@ class SessionReader:
         if step not in self._captured:
             raise SessionError(f"step {step} was published without its block state (the "
                                "recorder missed it); its neighbours replay normally")
+
+    def _replay_at(self, base: int, kf: Snapshot | None = None) -> PoolReplay:
+        """A fresh replay from step `base`: a copy of the one kept there, or of a new one from
+        the keyframe at `base`."""
+        kept = self._at_keyframe
+        if base in kept:
+            kept.move_to_end(base)
+        else:
+            self._keep(base, PoolReplay(self._keyframe(base) if kf is None else kf,
+                                        self._policy))
+        return kept[base].copy()
+
+    def _keep(self, step: int, replay: PoolReplay) -> None:
+        kept = self._at_keyframe
+        kept[step] = replay
+        keep = max(1, min(KEPT_REPLAYS, KEPT_BLOCKS // max(1, self.meta.num_blocks)))
+        while len(kept) > keep:
+            kept.popitem(last=False)
+
+    def _midpoint(self, k: int) -> int | None:
+        """The step halfway through keyframe k's interval, where a seek keeps a replay (half the
+        events to replay from there on); None in a short interval."""
+        base = self.keyframe_steps[k]
+        end = (self.keyframe_steps[k + 1] if k + 1 < len(self.keyframe_steps)
+               else self.last_step)
+        return base + (end - base) // 2 if end - base >= MIN_HALF_INTERVAL * 2 else None
 
     def _keyframe(self, step: int) -> Snapshot:
         conn = self._conn

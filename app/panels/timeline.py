@@ -1,7 +1,9 @@
 """Timeline: per-step prefill|decode time (stacked), tokens and batch size (its own axis),
 blocks used/cached/free, and the cumulative token hit rate; x linked, zoom and pan, click
 selects. It follows the newest step until the user zooms or pans (then a Follow button;
-double-click or F fits all); the mouse shows every value at its step; events are marked."""
+double-click or F fits all); the mouse shows every value at its step; events are marked.
+x is the step number, or seconds since the first step (the wall-clock axis, T); a shift-drag
+selects a range of steps, shows its numbers and offers to export it."""
 
 from __future__ import annotations
 
@@ -10,8 +12,16 @@ import time
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
@@ -19,6 +29,7 @@ from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.panels.timeline_parts import (
     MARKERS,
     EventMarkers,
+    SpacedAxis,
     StepAxis,
     range_stats,
     readout,
@@ -34,7 +45,10 @@ FIELDS = ("step", "start_s", "wall_s", "prefill_ms", "decode_ms", "prefill_token
 # step as for a pixel's worth of them.
 MAX_WAIT_S = 0.25
 LABELS_MIN_HEIGHT = 300  # px of timeline under which the axis titles are hidden
-HOVER_HINT = "Hover a step for its values; drag or wheel to pan and zoom, F or double-click fits"
+HOVER_HINT = ("Hover a step for its values; drag or wheel to pan and zoom, F or double-click "
+              "fits; shift+drag selects a range; T switches the x axis to seconds; right-click "
+              "for more")
+STEP_LABEL, SECONDS_LABEL = "step", "seconds since the first step"
 
 
 def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -53,28 +67,71 @@ def _runs(y: np.ndarray, n: int) -> tuple[int, np.ndarray, np.ndarray]:
     return end, hi, lo
 
 
-def _peaks(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _columns(x: np.ndarray, y: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
+    """For x that is not evenly spaced (seconds): x[0]..x[-1] cut into `width` equal columns;
+    each column's left edge, and the max and min of the line through every sample inside it:
+    its samples, and the line's values where it enters and leaves the column (a neighbour
+    pixels away does not count, as a neighbour does in _runs; a column with no sample gets the
+    line crossing it)."""
+    edges = np.linspace(x[0], x[-1], width + 1)
+    at_edges = np.interp(edges, x, y)
+    hi = np.maximum(at_edges[:-1], at_edges[1:])
+    lo = np.minimum(at_edges[:-1], at_edges[1:])
+    idx = np.searchsorted(x, edges)
+    idx[-1] = len(x) - 1  # the last sample is in no column: a curve ends on it
+    full = idx[1:] > idx[:-1]
+    if full.any():
+        inner, starts = y[: len(x) - 1], idx[:-1][full]
+        hi[full] = np.maximum(hi[full], np.maximum.reduceat(inner, starts))
+        lo[full] = np.minimum(lo[full], np.minimum.reduceat(inner, starts))
+    return edges[:-1], hi, lo
+
+
+def _envelope(x, y, n: int, width: int | None):
+    """(x of each run, its max, its min, x and y of the samples after the runs): runs of n
+    samples (x evenly spaced, width None) or pixel columns (see _columns)."""
+    if width is None:
+        end, hi, lo = _runs(y, n)
+        return x[:end:n], hi, lo, x[end:], y[end:]
+    left, hi, lo = _columns(x, y, width)
+    return left, hi, lo, x[-1:], y[-1:]
+
+
+def _spans(x: np.ndarray, stop: np.ndarray, y: np.ndarray, box: bool):
+    """Each step drawn over the time it ran, from its start x to its stop: a box from 0 (box)
+    or a flat line (a staircase through the steps)."""
+    if box:
+        ys = np.zeros((len(y), 4))
+        ys[:, 1] = ys[:, 2] = y
+        return np.column_stack([x, x, stop, stop]).ravel(), ys.ravel()
+    return np.column_stack([x, stop]).ravel(), np.repeat(y, 2)
+
+
+def _peaks(x: np.ndarray, y: np.ndarray, n: int,
+           width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The max and the min of each run of n samples (at the run's first x), then the last
-    samples as they are: at n samples per pixel, the envelope of the line through them all."""
-    if n <= 1:
+    samples as they are: at n samples per pixel, the envelope of the line through them all.
+    With width, runs are pixel columns instead (x in seconds, see _columns)."""
+    if n <= 1 and width is None:
         return x, y
-    end, hi, lo = _runs(y, n)
+    xs, hi, lo, tx, ty = _envelope(x, y, n, width)
     runs = len(hi)
-    px = np.empty(2 * runs + len(y) - end)
+    px = np.empty(2 * runs + len(tx))
     py = np.empty_like(px)
-    px[: 2 * runs : 2] = px[1 : 2 * runs : 2] = x[:end:n]
+    px[: 2 * runs : 2] = px[1 : 2 * runs : 2] = xs
     py[: 2 * runs : 2], py[1 : 2 * runs : 2] = hi, lo
-    px[2 * runs :], py[2 * runs :] = x[end:], y[end:]
+    px[2 * runs :], py[2 * runs :] = tx, ty
     return px, py
 
 
-def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Vertical segments from 0 to the max of each run of n samples, for a line item drawing
-    pairs: at a run or more per pixel they fill the area under the curve, for a fraction of the
-    cost of filling a path."""
-    end, hi, _ = _runs(y, n)
-    tops = np.concatenate([hi, y[end:]])
-    xs = np.concatenate([x[:end:n], x[end:]])
+def _bars(x: np.ndarray, y: np.ndarray, n: int,
+          width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Vertical segments from 0 to the max of each run of n samples (or pixel column, with
+    width), for a line item drawing pairs: at a run or more per pixel they fill the area under
+    the curve, for a fraction of the cost of filling a path."""
+    xs, hi, _, tx, ty = _envelope(x, y, n, width)
+    tops = np.concatenate([hi, ty])
+    xs = np.concatenate([xs, tx])
     bx, by = np.repeat(xs, 2), np.zeros(2 * len(tops))
     by[1::2] = tops
     return bx, by
@@ -82,6 +139,7 @@ def _bars(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
 
 class Timeline(QWidget):
     step_clicked = Signal(int)
+    export_range_requested = Signal(int, int)  # the first and last step of the range shown
 
     def __init__(self, selection: Selection | None = None, parent=None):
         super().__init__(parent)
@@ -91,6 +149,8 @@ class Timeline(QWidget):
         self.redrew = False  # the last frame redrew the curves (the costly case)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
+        self.glw.ci.setContentsMargins(0, 2, 0, 0)  # the plots get every pixel of a short dock
+        self.glw.ci.layout.setVerticalSpacing(0)
         # One line: the legend, or the values at the step under the mouse.
         self.readout = QLabel()
         self.readout.setToolTip(HOVER_HINT)
@@ -100,9 +160,20 @@ class Timeline(QWidget):
                                       "(double-click or F)")
         self.follow_button.clicked.connect(self.fit)
         self.follow_button.hide()
-        self.range_label = QLabel()  # a shift-dragged range's numbers
+        # A shift-dragged range: its numbers, and its export.
+        self.range_steps: tuple[int, int] | None = None  # the first and last step in it
+        self.range_box = QWidget()
+        self.range_label = QLabel()
         self.range_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.range_label.hide()
+        self.export_button = QPushButton("Export range…")
+        self.export_button.setToolTip("Write the steps of this range to a file: a Chrome trace "
+                                      "for ui.perfetto.dev (.json) or one row per step (.csv)")
+        self.export_button.clicked.connect(self.export_range)
+        row = QHBoxLayout(self.range_box)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.range_label, 1)
+        row.addWidget(self.export_button)
+        self.range_box.hide()
         self.region = pg.LinearRegionItem(movable=False, brush=pg.mkBrush(0, 0, 0, 30))
         self.region.hide()
         self._drag_from: float | None = None
@@ -113,9 +184,25 @@ class Timeline(QWidget):
         layout.setContentsMargins(2, 2, 2, 2)
         layout.setSpacing(1)
         layout.addLayout(top)
-        layout.addWidget(self.range_label)
+        layout.addWidget(self.range_box)
         layout.addWidget(self.glw)
         QShortcut(QKeySequence("F"), self, self.fit, context=Qt.WidgetWithChildrenShortcut)
+        self.wall_clock = False  # x in seconds since the first step, rather than steps
+        self.act_wall_clock = QAction("Wall-clock x axis (seconds)", self, checkable=True)
+        self.act_wall_clock.setShortcut(QKeySequence("T"))
+        self.act_wall_clock.setShortcutContext(Qt.WindowShortcut)  # the window's View menu too
+        self.act_wall_clock.setToolTip("Timeline x axis in seconds since the first step, as in "
+                                       "Perfetto, rather than in steps (T)")
+        self.act_wall_clock.toggled.connect(self.set_wall_clock)
+        self.addAction(self.act_wall_clock)
+        self.act_export_range = QAction("Export this range…", self)
+        self.act_export_range.triggered.connect(self.export_range)
+        self.menu = QMenu(self)  # the plots' right-click menu
+        self.menu.addAction(self.act_export_range)
+        self.menu.addAction("Clear the range", self.clear_range)
+        self.menu.addSeparator()
+        self.menu.addAction(self.act_wall_clock)
+        self.menu.addAction("Fit all (F)", self.fit)
         self.grids: list[Grid] = []
         self.time_plot = self._plot(0, "ms / step", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
@@ -127,10 +214,11 @@ class Timeline(QWidget):
         self.hit_plot = self._plot(3, "hit %", "Token hit rate so far: prompt tokens served "
                                    "from the cache / prompt tokens looked up", ticks=(0, 50, 100),
                                    bottom=StepAxis("bottom"))
+        self.x_axis = self.hit_plot.getAxis("bottom")
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
         self.hit_plot.setYRange(0, 100, padding=0.05)
-        self.hit_plot.setLabel("bottom", "step")
+        self.hit_plot.setLabel("bottom", STEP_LABEL)
         for p in (self.time_plot, self.token_plot, self.block_plot):
             p.hideAxis("bottom")
         # Filled lines rather than step curves, given the min and max of the steps under each
@@ -168,6 +256,9 @@ class Timeline(QWidget):
         self.glw.scene().sigMouseMoved.connect(self._on_hover)
         self.glw.viewport().installEventFilter(self)  # leaving, double-click
         self.data = {f: np.zeros(0) for f in FIELDS}
+        self.x = self.data["step"]  # each step's x: its number, or its start in seconds
+        self._dead: tuple[np.ndarray, np.ndarray] | None = None  # (steps, dead blocks)
+        self._cursor_step: int | None = None
         self._hit = self._query = 0
         self._pending = 0  # steps in self.data not drawn yet
         self._drawn_at = -np.inf
@@ -179,7 +270,10 @@ class Timeline(QWidget):
         self.time_plot.vb.sigResized.connect(self._on_x_range)
 
     def _plot(self, row: int, label: str, tip: str, ticks=None, bottom=None) -> pg.PlotItem:
-        p = self.glw.addPlot(row=row, col=0, axisItems={"bottom": bottom} if bottom else None)
+        axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right")}
+        if bottom is not None:
+            axes["bottom"] = bottom
+        p = self.glw.addPlot(row=row, col=0, axisItems=axes)
         p.setLabel("left", label)
         p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
         p.getAxis("right").setWidth(40)
@@ -235,20 +329,77 @@ class Timeline(QWidget):
         return bars
 
     def show_frame(self, frame: Frame) -> None:
+        self.redrew = self.add_records(frame.records)  # first: the markers' steps have an x
         if frame.dead_counts is not None:
-            self.dead_curve.setData(*frame.dead_counts)
+            self._dead = frame.dead_counts
+            self.dead_curve.setData(self.step_x(self._dead[0]), self._dead[1])
         self.markers.add(frame.events)
-        self.redrew = self.add_records(frame.records)
 
     def clear(self) -> None:
+        self._dead = None
         self.dead_curve.setData([], [])
         self.data = {f: np.zeros(0) for f in FIELDS}
+        self.x = self.data["step"]
         self._hit = self._query = 0
         self.markers.clear()
-        self.region.hide()
-        self.range_label.hide()
+        self.clear_range()
         self.fit()  # a new run: follow it again
         self._redraw()
+
+    # ------------------------------------------------------------ x: steps or seconds
+    def _x_of(self, data: dict[str, np.ndarray]) -> np.ndarray:
+        if not self.wall_clock or not len(data["step"]):
+            return data["step"]
+        return data["start_s"] - data["start_s"][0]
+
+    def step_x(self, steps):
+        """Where steps are on x (their start, in seconds since the first step, on the
+        wall-clock axis; steps not shown yet are put at the nearest one shown)."""
+        if not self.wall_clock or not len(self.x):
+            return steps
+        return np.interp(steps, self.data["step"], self.x)
+
+    def index_at(self, x: float) -> int:
+        """The sample at x: by step, the nearest; by time, the step running then (between two
+        steps, the nearer)."""
+        xs = self.x
+        if not self.wall_clock:
+            return int(np.abs(xs - x).argmin())
+        i = max(0, int(np.searchsorted(xs, x, side="right")) - 1)
+        end = xs[i] + self.data["wall_s"][i]
+        if x > end and i + 1 < len(xs) and xs[i + 1] - x < x - end:
+            i += 1
+        return i
+
+    def set_wall_clock(self, on: bool) -> None:
+        """x in seconds since the first step (True) or in steps; the view keeps the same steps
+        in sight, and the cursor, markers and range move with them."""
+        if on == self.wall_clock:
+            return
+        (x0, x1), _ = self.time_plot.vb.viewRange()
+        old = self.x
+        self.wall_clock = on
+        self.act_wall_clock.setChecked(on)
+        self.x = self._x_of(self.data)
+        self.x_axis.seconds = on
+        self.x_axis.picture = None  # its ticks are computed anew
+        self.x_axis.setLabel(SECONDS_LABEL if on else STEP_LABEL)
+        self.x_axis.showLabel(self.height() >= LABELS_MIN_HEIGHT)  # setLabel shows it
+        self.markers.to_x = self.step_x
+        self.markers.place()
+        if self._dead is not None:
+            self.dead_curve.setData(self.step_x(self._dead[0]), self._dead[1])
+        self.set_cursor(self._cursor_step)
+        for line in self.hover_lines:
+            line.hide()
+        if self.range_steps is not None:
+            self._show_range(*self.range_steps)
+        self._shown = None
+        if not self.following and len(old) > 1:
+            self.time_plot.setXRange(*np.interp([x0, x1], old, self.x), padding=0)
+        else:
+            self._redraw()
+            self.time_plot.vb.updateAutoRange()  # now, not at the next paint: x changed units
 
     @property
     def following(self) -> bool:
@@ -282,6 +433,7 @@ class Timeline(QWidget):
         self._hit, self._query = int(cols["hit_tokens"][-1]), int(cols["query_tokens"][-1])
         for f in FIELDS:
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
+        self.x = self._x_of(self.data)
         self._pending += len(records)
         if not self.isVisible():
             return False  # drawn when shown
@@ -294,14 +446,22 @@ class Timeline(QWidget):
 
     def _pixels_per_step(self) -> float:
         (x0, x1), _ = self.time_plot.vb.viewRange()
-        return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
+        if not self.wall_clock:
+            return self.time_plot.vb.width() / max(x1 - x0, 1e-9)
+        shown = np.searchsorted(self.x, x1, side="right") - np.searchsorted(self.x, x0)
+        return self.time_plot.vb.width() / max(int(shown), 1)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
         # Short plots have no room for their rotated axis titles (they would overlap): the
         # legend line names the curves instead.
+        tall = self.height() >= LABELS_MIN_HEIGHT
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            p.getAxis("left").showLabel(self.height() >= LABELS_MIN_HEIGHT)
+            p.getAxis("left").showLabel(tall)
+        self.x_axis.showLabel(tall)  # the ticks say "s" on the wall-clock axis
+        self.token_plot.getAxis("right").showLabel(tall)  # "batch": the legend says it too
+        hit_ticks = (0, 50, 100) if tall else (0, 100)  # three labels would overlap
+        self.hit_plot.getAxis("left").setTicks([[(v, str(v)) for v in hit_ticks]])
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
@@ -314,7 +474,7 @@ class Timeline(QWidget):
         self._pending, self._drawn_at = 0, time.monotonic()
         self._flush.stop()
         d = self.data
-        x = d["step"]
+        x = self.x
         q = d["query_tokens"]
         series = [
             (self.total_curve, d["prefill_ms"] + d["decode_ms"]),
@@ -337,16 +497,29 @@ class Timeline(QWidget):
         width = max(1, int(vb.width()))
         self._shown = (follow, first, end, width)
         per_pixel = (end - first) // width
-        x = x[first:end]
+        columns = None
         bars = {self.total_curve: self.total_bars, self.prefill_curve: self.prefill_bars}
-        for curve, y in series:
+        if self.wall_clock:  # each step over the time it ran (to the next step's start at most)
+            after = x[end] if end < len(x) else np.inf
+            stop = np.minimum(x[first:end] + d["wall_s"][first:end],
+                              np.append(x[first + 1 : end], after))
+            series = [(c, *_spans(x[first:end], stop, y[first:end], c in bars)) for c, y in series]
+        else:
+            series = [(c, x[first:end], y[first:end]) for c, y in series]
+        for curve, xs, ys in series:
+            if self.wall_clock:  # seconds are not evenly spaced: pixel columns, not runs
+                per_pixel = len(xs) // width
+                columns = width if per_pixel >= 2 else None
             if curve in bars and per_pixel >= 2:
-                bars[curve].setData(*_bars(x, y[first:end], per_pixel))
+                bars[curve].setData(*_bars(xs, ys, per_pixel, columns))
                 curve.setData([], [])
                 continue
             if curve in bars:
                 bars[curve].setData([], [])
-            curve.setData(*_peaks(x, y[first:end], per_pixel))
+            curve.setData(*_peaks(xs, ys, per_pixel, columns))
+        if self.wall_clock:  # steps that came after their events or the cursor get their x
+            self.markers.place()
+            self.set_cursor(self._cursor_step)
         top = max(1.0, float(d["batch"].max())) if len(d["batch"]) else 1.0
         if top != self._batch_top:  # the batch axis starts at 0, as the tokens axis does
             self._batch_top = top
@@ -364,17 +537,17 @@ class Timeline(QWidget):
         self._redraw()
 
     def set_cursor(self, step: int | None) -> None:
+        self._cursor_step = step
         for line in self.cursors:
             line.setVisible(step is not None)
             if step is not None:
-                line.setValue(step)
+                line.setValue(float(self.step_x(step)))
 
     def _step_index(self, scene_pos) -> int | None:
-        """The sample nearest the x under a scene point, if the point is on a plot."""
-        steps = self.data["step"]
+        """The sample at the x under a scene point (see index_at), if the point is on a plot."""
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            if len(steps) and p.sceneBoundingRect().contains(scene_pos):
-                return int(np.abs(steps - p.vb.mapSceneToView(scene_pos).x()).argmin())
+            if len(self.x) and p.sceneBoundingRect().contains(scene_pos):
+                return self.index_at(p.vb.mapSceneToView(scene_pos).x())
         return None
 
     def _on_hover(self, scene_pos) -> None:
@@ -382,12 +555,38 @@ class Timeline(QWidget):
         for line in self.hover_lines:
             line.setVisible(i is not None)
             if i is not None:
-                line.setValue(self.data["step"][i])
+                line.setValue(self.x[i])
         if i is not None:
             self.readout.setText(readout(self.data, i,
                                          self.markers.at(int(self.data["step"][i]))))
 
+    def show_menu(self, global_pos) -> None:
+        self.act_export_range.setEnabled(self.range_steps is not None)
+        self.act_export_range.setText("Export this range…" if self.range_steps else
+                                      "Export this range… (shift+drag to select one)")
+        self.menu.popup(global_pos)
+
+    def _right_click(self, event) -> None:
+        """The menu opens on a right click's release, not its press: a right drag still zooms."""
+        if event.type() == QEvent.MouseButtonPress:
+            self._right_from = event.position()
+        elif self._right_from is not None:
+            moved = (event.position() - self._right_from).manhattanLength()
+            self._right_from = None
+            if moved < 4:
+                self.show_menu(event.globalPosition().toPoint())
+
+    _right_from = None
+
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        if event.type() == QEvent.ContextMenu:
+            if event.reason() != event.Reason.Mouse:  # the menu key; the mouse's: on release
+                self.show_menu(watched.mapToGlobal(watched.rect().center()))
+            return True
+        if (event.type() in (QEvent.MouseButtonPress, QEvent.MouseButtonRelease)
+                and event.button() == Qt.RightButton):
+            self._right_click(event)
+            return False
         if event.type() == QEvent.Leave:
             for line in self.hover_lines:
                 line.hide()
@@ -402,7 +601,8 @@ class Timeline(QWidget):
     def _select_range(self, event) -> bool:
         """Shift+drag selects a range of steps and shows its numbers (a plain drag pans)."""
         if event.type() == QEvent.MouseButtonPress:
-            if not event.modifiers() & Qt.ShiftModifier or not len(self.data["step"]):
+            if (not event.modifiers() & Qt.ShiftModifier or event.button() != Qt.LeftButton
+                    or not len(self.x)):
                 return False
             x = self.time_plot.vb.mapSceneToView(self.glw.mapToScene(event.position().toPoint()))
             self._drag_from = x.x()
@@ -413,11 +613,31 @@ class Timeline(QWidget):
         lo, hi = sorted((self._drag_from, x))
         self.region.setRegion((lo, hi))
         self.region.show()
-        self.range_label.setText(range_stats(self.data, lo, hi, self.markers.steps[ev.EVICTED]))
-        self.range_label.show()
+        a, b = self.index_at(lo), self.index_at(hi) + 1  # the steps under both ends and between
+        steps = self.data["step"]
+        self.range_steps = (int(steps[a]), int(steps[b - 1]))
+        self.range_label.setText(range_stats(self.data, a, b, self.markers.steps[ev.EVICTED]))
+        self.range_box.show()
         if event.type() == QEvent.MouseButtonRelease:
             self._drag_from = None
         return True
+
+    def _show_range(self, first: int, last: int) -> None:
+        """The range of steps first..last, selected again (on the other x axis)."""
+        steps = self.data["step"]
+        a, b = int(np.searchsorted(steps, first)), int(np.searchsorted(steps, last, "right"))
+        self.region.setRegion((float(self.step_x(first)), float(self.step_x(last))))
+        self.range_label.setText(range_stats(self.data, a, b, self.markers.steps[ev.EVICTED]))
+
+    def clear_range(self) -> None:
+        self.range_steps = None
+        self.region.hide()
+        self.range_box.hide()
+
+    def export_range(self) -> None:
+        """Ask the window to export the selected range (it knows the session behind it)."""
+        if self.range_steps is not None:
+            self.export_range_requested.emit(*self.range_steps)
 
     def _on_click(self, event) -> None:
         i = self._step_index(event.scenePos())

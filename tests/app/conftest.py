@@ -25,6 +25,16 @@ def open_window(qtbot, tmp_path, engine_setup: str | None = None) -> MainWindow:
     return w
 
 
+def open_replay(qtbot, tmp_path, session) -> MainWindow:
+    """The window as `kvscope replay FILE` opens it: no model loaded."""
+    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
+    qtbot.addWidget(w)
+    w.resize(1400, 900)
+    w.show()
+    assert w.open_session(str(session))
+    return w
+
+
 @pytest.fixture
 def window(qtbot, tmp_path):
     w = open_window(qtbot, tmp_path)

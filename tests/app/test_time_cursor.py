@@ -8,14 +8,13 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import LOAD_TIMEOUT_MS, open_window, step
+from conftest import LOAD_TIMEOUT_MS, open_replay, open_window, step
 from image_compare import to_array
 from pixels import grab_pool
-from PySide6.QtCore import QPointF, QSettings, Qt, QUrl
+from PySide6.QtCore import QPointF, Qt, QUrl
 
 from kvscope.app import palette
 from kvscope.app.frames import evicted_at
-from kvscope.app.main_window import MainWindow
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.sessions import SessionReader
@@ -57,11 +56,7 @@ def session(tmp_path_factory):
 @pytest.fixture
 def replay(qtbot, tmp_path, session):
     """The window as `kvscope replay FILE` opens it: no model loaded."""
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.open_session(str(session[0]))
+    w = open_replay(qtbot, tmp_path, session[0])
     yield w
     w.close()
 

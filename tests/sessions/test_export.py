@@ -95,3 +95,64 @@ def test_csv_export(tmp_path, recorded):
     assert float(steps[5]["wall_s"]) == rec.wall_s
     with SessionReader(path) as s:
         assert len(s.requests()) == len(reqs)
+
+
+def _spans_inside(trace, lo_us, hi_us):
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("X", "i", "C"):
+            assert lo_us <= e["ts"] <= hi_us, e
+            if e["ph"] == "X":
+                assert e["ts"] + e["dur"] <= hi_us, e
+
+
+def test_a_range_of_steps_exports_only_those_steps(tmp_path, recorded):
+    from kvscope.sessions.export import export_range
+
+    _, path = recorded
+    first, last = 40, 69
+    assert export_range(path, tmp_path / "r.json", first, last) == (first, last)
+    trace = json.loads((tmp_path / "r.json").read_text())
+    steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
+    assert [int(e["name"].split()[1]) for e in steps] == list(range(first, last + 1))
+    assert trace["otherData"]["steps"] == [first, last]
+    # Every event, span and counter lies inside the range's time (the same clock as the whole
+    # session's trace), events of other steps are left out, and requests keep whole tracks.
+    lo, hi = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
+    _spans_inside(trace, lo, hi)
+    assert {e["args"]["step"] for e in trace["traceEvents"]
+            if e["ph"] == "i" and "step" in e["args"]} <= set(range(first, last + 1))
+    full = json.loads(export_chrome_trace(path, tmp_path / "all.json").read_text())
+    full_steps = {e["name"]: e for e in full["traceEvents"] if e.get("cat") == "step"}
+    assert all(full_steps[e["name"]] == e for e in steps)  # the same times as the full trace
+    # A request already running when the range began starts there, in its phase then.
+    assert any(e["ts"] == lo and e["name"] in ("prefill", "decode", "recompute")
+               for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 2)
+
+    assert export_range(path, tmp_path / "r.csv", first, last) == (first, last)
+    with open(tmp_path / "r.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == list(range(first, last + 1))
+    with SessionReader(path) as s:
+        assert float(rows[0]["wall_s"]) == s.steps(first, first)[0].wall_s
+
+
+def test_a_range_export_never_overwrites_the_session_or_a_file_silently(tmp_path, recorded):
+    from kvscope.sessions.export import export_range
+
+    _, path = recorded
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="refusing to overwrite the input"):
+        export_range(path, path, 3, 9, overwrite=True)
+    assert path.read_bytes() == before
+    out = tmp_path / "taken.csv"
+    out.write_text("mine")
+    with pytest.raises(FileExistsError):
+        export_range(path, out, 3, 9)
+    assert out.read_text() == "mine" and not (tmp_path / "taken.csv.part").exists()
+    assert export_range(path, out, 3, 9, overwrite=True) == (3, 9)
+    assert len(out.read_text().splitlines()) == 1 + 7
+    with SessionReader(path) as s:  # clipped to what the session has
+        assert export_range(path, tmp_path / "end.csv", s.last_step - 2, s.last_step + 50) == \
+            (s.last_step - 2, s.last_step)
+    with pytest.raises(ValueError, match="none of the steps"):
+        export_range(path, tmp_path / "none.csv", 10_000, 10_005)

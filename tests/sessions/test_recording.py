@@ -317,3 +317,18 @@ def test_requests_queued_before_the_recording_starts_are_recorded_once(tmp_path,
         rows = s.requests()
     assert [r.request_id for r in rows] == ids
     assert all(r.status == "finished" and r.output_tokens == 3 for r in rows)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_seeks_restart_from_kept_replays_and_still_equal_live(tmp_path, tiny_model_dir, policy):
+    """A seek keeps replays at keyframes and halfway to the next one; later seeks copy the
+    nearest (the copies never change the kept ones)."""
+    engine, live, path, rec = record(tmp_path, tiny_model_dir, policy=policy, keyframe_every=40,
+                                     keyframe_budget=1.0)
+    with SessionReader(path) as s:
+        assert s.keyframe_steps[:2] == [0, 40]
+        order = list(range(len(live))) * 2
+        random.Random(2).shuffle(order)
+        for i in order:
+            assert s.snapshot_at(i).equals(stored(live[i], rec)), f"step {i}"
+        assert {0, 20, 40, 60} <= set(s._at_keyframe)  # keyframes and their midpoints
