@@ -264,7 +264,7 @@ class Timeline(QWidget):
         self._drawn_at = -np.inf
         self._flush = QTimer(self, singleShot=True, interval=int(MAX_WAIT_S * 1000))
         self._flush.timeout.connect(self._redraw)
-        self._batch_top = 0.0
+        self._batch_top = self._tokens_top = 0.0
         self._shown: tuple | None = None  # what the curves hold: (follow, first, end, width)
         self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
         self.time_plot.vb.sigResized.connect(self._on_x_range)
@@ -524,6 +524,11 @@ class Timeline(QWidget):
         if top != self._batch_top:  # the batch axis starts at 0, as the tokens axis does
             self._batch_top = top
             self.batch_view.setYRange(0, top, padding=0.05)
+        shown = next(ys for c, _, ys in series if c is self.tokens_curve)
+        top = max(1.0, float(np.max(shown))) if len(shown) else 1.0
+        if top != self._tokens_top:  # from 0: a steady 1,024 tokens is not "1023.5 to 1024.5"
+            self._tokens_top = top
+            self.token_plot.setYRange(0, top, padding=0.05)
 
     def _on_x_range(self, *_) -> None:
         """Zoomed or panned (or resized): the curves get the steps now in view."""

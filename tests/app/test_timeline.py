@@ -124,3 +124,18 @@ def test_a_click_selects_the_step_under_it(timeline, qtbot):
         with qtbot.waitSignal(timeline.step_clicked) as got:
             timeline._on_click(Click(x))
         assert got.args == [nearest]
+
+
+def test_the_tokens_axis_starts_at_zero_when_every_step_has_the_same_count(qtbot):
+    t = Timeline()
+    qtbot.addWidget(t)
+    t.resize(1000, 320)
+    t.show()
+    steady = [StepRecord(step=s, start_s=s * 0.01, prefill_s=0.0, decode_s=0.008,
+                         prefill_tokens=0, decode_tokens=1024, batch_size=8,
+                         num_active_blocks=90, num_cached_blocks=0, num_free_blocks=10,
+                         hit_tokens=0, query_tokens=0) for s in range(40)]
+    t.add_records(steady)
+    qtbot.waitUntil(lambda: t._pending == 0)
+    low, high = t.token_plot.vb.viewRange()[1]
+    assert low <= 0 < 1024 <= high < 1200  # not 1023.5 to 1024.5
