@@ -17,6 +17,12 @@ from kvscope.engine.models.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 from kvscope.kernels import cpu
 
 
+def _decode_sized(x: torch.Tensor) -> bool:
+    """A few token rows on the CPU: kvscope's C kernels (``kernels/cpu.py``) instead of chains
+    of small torch ops. Longer prefills stay on torch (multi-threaded, vectorised)."""
+    return x.device.type == "cpu" and x.shape[0] <= cpu.MAX_ROWS
+
+
 class Linear(nn.Linear):
     """nn.Linear without random init: weights always come from a checkpoint, and skipping the
     init keeps meta-device construction fast. A few float32 rows on the CPU (decode steps) go
@@ -26,10 +32,8 @@ class Linear(nn.Linear):
         pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= cpu.MAX_ROWS:
-            out = cpu.linear(x, self.weight, self.bias)
-            if out is not None:
-                return out
+        if _decode_sized(x) and (out := cpu.linear(x, self.weight, self.bias)) is not None:
+            return out
         return F.linear(x, self.weight, self.bias)
 
 
@@ -46,7 +50,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, cast back before the weight (as HF does).
-        if x.device.type == "cpu" and (out := cpu.rms_norm(x, self.weight, self.eps)) is not None:
+        if _decode_sized(x) and (out := cpu.rms_norm(x, self.weight, self.eps)) is not None:
             return out
         if x.dtype == torch.float32:  # no casts: each op counts in a CPU decode step
             return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
@@ -78,9 +82,9 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        on_cpu = x.device.type == "cpu"  # there, rotate in place in one call each
-        q = q if on_cpu and cpu.rope_(q, cos, sin) else apply_rope(q, cos, sin)
-        k = k if on_cpu and cpu.rope_(k, cos, sin) else apply_rope(k, cos, sin)
+        fast = _decode_sized(x)  # then rotate in place, one call each
+        q = q if fast and cpu.rope_(q, cos, sin) else apply_rope(q, cos, sin)
+        k = k if fast and cpu.rope_(k, cos, sin) else apply_rope(k, cos, sin)
         o = self.attn(q, k, v, ctx)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
@@ -94,7 +98,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if x.device.type != "cpu" or (h := cpu.silu_mul(gate, up)) is None:
+        if not _decode_sized(x) or (h := cpu.silu_mul(gate, up)) is None:
             h = F.silu(gate) * up
         return self.down_proj(h)
 
