@@ -26,7 +26,7 @@ def test_the_library_builds_here():
     assert cpu.load() is not None, "no C compiler (cc) found: kvscope's CPU kernels are off"
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 12])
 @pytest.mark.parametrize(("n", "k"), [(576, 576), (7, 33), (130, 1536), (64, 16)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_linear_matches_torch(rows, n, k, threads):
@@ -41,7 +41,7 @@ def test_linear_matches_torch(rows, n, k, threads):
 
 def test_linear_declines_what_it_does_not_handle():
     w = torch.randn(8, 16)
-    assert cpu.linear(torch.randn(cpu.MAX_ROWS + 1, 16), w) is None  # a prefill: MKL's GEMM
+    assert cpu.linear(torch.randn(cpu.LINEAR_MAX_ROWS + 1, 16), w) is None  # MKL's GEMM
     assert cpu.linear(torch.randn(2, 16, dtype=torch.bfloat16), w.bfloat16()) is None
     assert cpu.linear(torch.randn(16, 2).T, w) is None  # not contiguous
     assert cpu.linear(torch.randn(2, 16), torch.randn(16, 8).T) is None
