@@ -8,7 +8,9 @@ paged decode attention) each become one call.
 
 The library is compiled on first use with the system C compiler (as triton compiles its
 launchers), cached by source hash under ``~/.cache/kvscope``. Without a compiler, or with
-``KVSCOPE_CPU_KERNELS=0``, every function here returns None (or False) and callers use torch.
+``KVSCOPE_CPU_KERNELS=0``, every function here returns None (or False) and callers use torch;
+that setting also keeps the weights where torch put them (``hugepage_weights``), so it gives the
+plain-torch engine for comparisons.
 """
 
 from __future__ import annotations
@@ -65,13 +67,17 @@ def _compile(source: Path, target: Path) -> bool:
     return False
 
 
+def enabled() -> bool:
+    return os.environ.get("KVSCOPE_CPU_KERNELS", "1") != "0"
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled kernel library, built on first use; None where it cannot be built."""
     global _lib
     if _lib is not False:
         return _lib
     _lib = None
-    if os.environ.get("KVSCOPE_CPU_KERNELS", "1") == "0":
+    if not enabled():
         return None
     try:
         source = _SOURCE.read_bytes()
@@ -235,7 +241,7 @@ def hugepage_weights(module: torch.nn.Module) -> int:
         if id(p) not in seen and p.device.type == "cpu" and p.is_contiguous():
             seen.add(id(p))
             params.append(p)
-    if advice is None or not params:
+    if advice is None or not params or not enabled():
         return 0
     sizes = [-(-p.numel() * p.element_size() // 64) * 64 for p in params]
     try:

@@ -136,3 +136,13 @@ def test_hugepage_weights_keeps_values_and_ties():
     x = torch.randn(3, 8)
     torch.testing.assert_close(model["mlp"](x), F.linear(x, before["mlp.weight"],
                                                        before["mlp.bias"]))
+
+
+def test_switch_off_gives_plain_torch(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu, "_lib", False)  # not loaded yet in this "process"
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    assert cpu.linear(x, w) is None and cpu.silu_mul(x, x) is None
+    model = torch.nn.Linear(16, 8)
+    ptr = model.weight.data_ptr()
+    assert cpu.hugepage_weights(model) == 0 and model.weight.data_ptr() == ptr
