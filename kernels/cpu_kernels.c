@@ -5,11 +5,11 @@
  * AVX-512, AVX2 or NEON by -march=native. Optional OpenMP. Callers check shapes, dtypes and
  * strides; every array is contiguous unless a leading-dimension argument says otherwise.
  *
- * Linear: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]). A decode step is a chain of matrix-vector products: it reads every weight once and does one
- * multiply-add per weight, so its speed is the speed at which the weights stream from memory.
- * This kernel streams each weight row once, front to back (the order the hardware prefetcher
- * follows best), and dots it with every x row while it is in L1. Portable C: GCC/clang vector
- * extensions, lowered to AVX-512, AVX2 or NEON by -march=native. Optional OpenMP over rows of W.
+ * Linear: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]). A decode step is a chain of
+ * matrix-vector products: it reads every weight once and does one multiply-add per weight and
+ * row, so at batch 1 its speed is the speed at which the weights stream from memory. The kernel
+ * streams each weight row once, front to back (the order the hardware prefetcher follows best),
+ * and dots it with every x row while it is in L1. OpenMP splits the rows of W.
  */
 #include <math.h>
 #include <stdint.h>
