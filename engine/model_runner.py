@@ -84,6 +84,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
+        if self.device.type == "cpu":
+            kernels.hugepage_weights(self.model)
         self.config = cfg = loaded.config
         self.model_dtype = loaded.dtype
         self.num_blocks = num_blocks

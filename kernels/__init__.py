@@ -11,6 +11,7 @@ from kvscope.kernels.api import (
     store_kv,
     to_device,
 )
+from kvscope.kernels.cpu import hugepage_weights
 from kvscope.kernels.reference import FP8_MAX
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "KernelBackend",
     "check_fp8_support",
     "copy_blocks",
+    "hugepage_weights",
     "kernel_backend",
     "kv_cache_dtype_of",
     "paged_decode_attention",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvscope.kernels import reference
+from kvscope.kernels import cpu, reference
 
 _CACHE_DTYPES = {
     "float16": torch.float16,
@@ -52,16 +52,22 @@ class KernelBackend:
     block_tables, context_lens, scale, k_scale, v_scale, max_seqlen_k, num_splits=None)``.
     """
 
-    name: str  # "torch" | "triton"
+    name: str  # "cpu" | "torch" | "triton"
     store_kv: Callable[..., None]
     paged_prefill_attention: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
 
 
 def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBackend:
-    """``impl`` None: triton on CUDA, the torch reference elsewhere; "torch"/"triton" force one."""
+    """``impl`` None: triton on CUDA, "cpu" elsewhere; "cpu", "torch" or "triton" force one.
+
+    "cpu" is the torch reference with C kernels (``cpu.py``) for float32 caches in the two
+    per-layer decode calls (store and decode attention); anything else falls back to torch."""
     if impl is None:
-        impl = "triton" if torch.device(device).type == "cuda" else "torch"
+        impl = "triton" if torch.device(device).type == "cuda" else "cpu"
+    if impl == "cpu":
+        return KernelBackend("cpu", _cpu_store_kv, reference.paged_prefill_attention,
+                             _cpu_paged_decode_attention)
     if impl == "torch":
         return KernelBackend("torch", reference.store_kv, reference.paged_prefill_attention,
                              reference.paged_decode_attention)
@@ -71,7 +77,22 @@ def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBacken
         return KernelBackend("triton", triton_store.store_kv,
                              triton_attention.paged_prefill_attention,
                              triton_attention.paged_decode_attention)
-    raise ValueError(f"impl must be 'torch', 'triton' or None, not {impl!r}")
+    raise ValueError(f"impl must be 'cpu', 'torch', 'triton' or None, not {impl!r}")
+
+
+def _cpu_store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
+    if not cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def _cpu_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                k_scale, v_scale, max_seqlen_k, num_splits=None) -> torch.Tensor:
+    out = cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                               max_seqlen_k)
+    if out is None:
+        out = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                               scale, k_scale, v_scale, max_seqlen_k, num_splits)
+    return out
 
 
 def check_fp8_support(device: str | torch.device) -> None:

@@ -45,7 +45,7 @@ def test_context_of_a_decode_batch(runner):
 
 def test_backend_is_chosen_once_for_the_device(tiny_model_dir):
     loaded = load_model(tiny_model_dir("llama3_rope_gqa_tied"))
-    assert ModelRunner(loaded, 4, 4).kernels.name == "torch"  # CPU default
+    assert ModelRunner(loaded, 4, 4).kernels.name == "cpu"  # CPU default: C kernels + torch
     with pytest.raises(ValueError, match="impl must be"):
         ModelRunner(loaded, 4, 4, kernel_impl="cuda")
 
