@@ -6,9 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian libraries Qt needs (also offscreen) and a font for the tests' screenshots.
+# And a C compiler for the CPU decode kernels (kernels/cpu_kernels.c; torch is used without one).
 # Installed only when missing, and only where we may (root with apt-get).
 debs=(fonts-dejavu-core libegl1 libgl1 libopengl0 libxkbcommon0 libfontconfig1 libdbus-1-3
-      libglib2.0-0)
+      libglib2.0-0 gcc libc6-dev)
 if command -v dpkg-query >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     missing=()
     for d in "${debs[@]}"; do
