@@ -21,6 +21,12 @@ LIFECYCLE = {ev.ARRIVED: "waiting", ev.PREEMPTED: "waiting", ev.ADMITTED: "runni
              ev.REJECTED: "finished"}
 
 
+def _cached_of(admitted_detail: str) -> int:
+    """The cached tokens an ADMITTED event's detail gives ("336 cached, 1108 to compute")."""
+    head = admitted_detail.split(" cached", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 class FrameSource:
     name = ""  # for the status bar
     read_only: str | None = None  # why submitting and cancelling are off (None: they are on)
@@ -117,10 +123,13 @@ class ReplaySource(FrameSource):
     def rows_at(self, step: int, snap) -> list[RequestRow]:
         """Each request that had arrived by `step`, in its state at the end of that step."""
         last: dict[int, tuple[str, str]] = {}
+        admitted: dict[int, int] = {}  # cached tokens at the first admission
         for s, rid, kind, detail in self._lifecycle:
             if s > step:
                 break
             last[rid] = (kind, detail)
+            if kind == ev.ADMITTED and rid not in admitted:
+                admitted[rid] = _cached_of(detail)
         rows = []
         for rid in sorted(last):
             kind, detail = last[rid]
@@ -136,8 +145,10 @@ class ReplaySource(FrameSource):
             elif done:
                 state = f"finished: {detail if kind == ev.FINISHED else kind}"
                 outputs = r.output_tokens or 0
+            # A request's row is written when it finishes: before, its admission says.
+            cached = r.cached_tokens if r.cached_tokens is not None else admitted.get(rid, 0)
             rows.append(RequestRow(
-                rid, state, r.prompt_tokens, (r.cached_tokens or 0) if kind != ev.ARRIVED else 0,
+                rid, state, r.prompt_tokens, cached if kind != ev.ARRIVED else 0,
                 outputs, r.ttft_s if outputs else None, r.tpot_s if done else None,
                 r.salt_digest, r.parent_id, r.output_text or ""))
         return rows

@@ -42,6 +42,7 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
         step(window, qtbot)
         live[window.snapshot.step] = (window.snapshot, window.pool.codes.copy(),
                                       to_array(grab_pool(window.pool)))
+    cached_live = {r.request_id: (r.state, r.cached_tokens) for r in window.requests.model.rows}
     window.toggle_recording()  # stop
     qtbot.waitUntil(lambda: window.recording_path is None, timeout=5000)
     assert window.last_session == str(path)
@@ -55,6 +56,12 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
         assert not np.array_equal(window.snapshot.block_hash, snap.block_hash)  # keyed
         assert np.array_equal(window.pool.codes, codes), f"step {s}"
         assert np.array_equal(to_array(grab_pool(window.pool)), image), f"step {s}"
+    # The requests table at the last step: still-running requests keep their cached counts
+    # (known from their admission; the file writes a request's row only when it finishes).
+    assert any(state in ("prefill", "decode") and cached > 0
+               for state, cached in cached_live.values())
+    assert {r.request_id: (r.state, r.cached_tokens)
+            for r in window.requests.model.rows} == cached_live
     # Keyboard: ← steps back, → steps on.
     window.replay_bar.set_step(5)
     window.act_back.trigger()
