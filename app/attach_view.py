@@ -163,6 +163,10 @@ class AttachOverlay:
         self.clear()
         self.active = is_attached(source)
         self.note.setVisible(self.active)
+        if self.active:
+            self.w.pool.set_terms("hash slot", "darker = stored earlier")
+        else:
+            self.w.pool.set_terms()
         self.health.setVisible(getattr(source, "attached", False))
         tl = self.w.timeline
         for item in self.items.values():

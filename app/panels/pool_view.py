@@ -19,7 +19,6 @@ from kvscope.app.frames import Frame
 from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import CACHED, STATE_NAMES, Snapshot
 
-HOVER_HINT = "hover a block for details"
 GAP_MIN_PX = 4  # cells at least this wide get a 1 px gap between them
 
 
@@ -28,10 +27,11 @@ def grid_columns(num_blocks: int, aspect: float = 1.5) -> int:
     return int(min(512, max(8, round(np.sqrt(num_blocks * max(aspect, 0.2))))))
 
 
-def describe_block(s: Snapshot, block: int) -> str:
-    """One line about a block in a snapshot: state, ref count, owners, tokens, hash, last use."""
+def describe_block(s: Snapshot, block: int, cell: str = "block") -> str:
+    """One line about a block in a snapshot: state, ref count, owners, tokens, hash, last use.
+    `cell` names it ("hash slot" when attached to a server)."""
     owners = [rid for rid, t in s.block_tables.items() if block in t]
-    text = (f"block {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
+    text = (f"{cell} {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
     if owners:
         rid = min(owners)
         index = int(np.flatnonzero(s.block_tables[rid] == block)[0])
@@ -115,7 +115,8 @@ class PoolView(QWidget):
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.title.setToolTip(TITLE_TIP)
         self._title_form = 0  # pool_title's form that fits the width (see _fit_title)
-        self.hover_label = QLabel(HOVER_HINT)
+        self.cell = "block"  # what a cell is called (set_terms)
+        self.hover_label = QLabel(self._hint())
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.plot.viewport().installEventFilter(self)  # the hover text clears on leaving
@@ -137,14 +138,21 @@ class PoolView(QWidget):
         self.plot.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.plot.scene().sigMouseClicked.connect(self._on_mouse_clicked)
 
+    def set_terms(self, cell: str = "block", cached: str = "darker = evicted sooner") -> None:
+        """What a cell is called and what the shades of cached mean (attached to a server:
+        "hash slot", "darker = stored earlier"; physical block ids are not published)."""
+        self.cell = cell
+        self.legend.setText(self._legend_html(cached))
+        self.hover_label.setText(f"hover a {cell} for details")
+
     @staticmethod
-    def _legend_html() -> str:
+    def _legend_html(cached: str = "darker = evicted sooner") -> str:
         def sw(color, text, glyph="■"):
             return f'<span style="color:{color}; font-size:large;">{glyph}</span>&nbsp;{text}' \
                    "&nbsp;&nbsp;&nbsp;"
         return "".join([sw("#aaaaaa", "free", "□"), sw(palette.ACTIVE_COLOR, "active"),
                         sw(palette.SHARED_COLOR, "shared (deeper = more owners)"),
-                        sw(palette.CACHED_COLOR, "cached (darker = evicted sooner)"),
+                        sw(palette.CACHED_COLOR, f"cached ({cached})"),
                         sw(palette.EVICTED_COLOR, "evicted this step", "□"),
                         sw("#000000", "selected", "□"),
                         sw(palette.DEAD_OUTLINE, "dead: cached, unreachable", "⬚")])
@@ -164,7 +172,7 @@ class PoolView(QWidget):
         self.evicted = np.zeros(0, dtype=np.int64)
         self.evicted_outline.setData([], [])
         self.title.setText("<b>Block pool</b>")
-        self.hover_label.setText(HOVER_HINT)
+        self.hover_label.setText(self._hint())
 
     def _on_selection(self, *_) -> None:
         self.highlight(self.selection.highlighted(self.snapshot))
@@ -293,16 +301,19 @@ class PoolView(QWidget):
             return block
         return None
 
+    def _hint(self) -> str:
+        return f"hover a {self.cell} for details"
+
     def describe(self, block: int) -> str:
-        return describe_block(self.snapshot, block)
+        return describe_block(self.snapshot, block, self.cell)
 
     def _on_mouse_moved(self, pos) -> None:
         block = self.block_at(pos)
-        self.hover_label.setText(HOVER_HINT if block is None else self.describe(block))
+        self.hover_label.setText(self._hint() if block is None else self.describe(block))
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
         if event.type() == QEvent.Leave:
-            self.hover_label.setText(HOVER_HINT)
+            self.hover_label.setText(self._hint())
         return False
 
     def _on_mouse_clicked(self, event) -> None:

@@ -107,6 +107,11 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     qtbot.mouseClick(pool.plot.viewport(), Qt.LeftButton, pos=pool.plot.mapFromScene(scene))
     text = w.details.text.toPlainText()
     assert f"hash slot {slot}: hash " in text and "dp rank 0 · KV group 0 ·" in text, text
+    # hovering names slots, not blocks; the legend's shades mean order of storing
+    qtbot.mouseMove(pool.plot.viewport(), pool.plot.mapFromScene(scene))
+    qtbot.waitUntil(lambda: pool.hover_label.text().startswith(f"hash slot {slot} · cached"))
+    assert "darker = stored earlier" in pool.legend.text()
+    assert "evicted sooner" not in pool.legend.text()
     # a click on the health line: every line in Details
     qtbot.mouseClick(w.attach_view.health, Qt.LeftButton)
     text = w.details.text.toPlainText()
@@ -117,6 +122,8 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     assert w.source is w.live and not w.act_detach.isEnabled()
     assert "removed blocks" not in w.timeline.legend
     assert w.timeline.token_plot.getAxis("right").style["showValues"]
+    assert "darker = evicted sooner" in pool.legend.text()
+    assert pool.hover_label.text() == "hover a block for details"
 
 
 def test_bad_input_goes_to_the_banner_and_the_window_keeps_running(bare, qtbot, monkeypatch):

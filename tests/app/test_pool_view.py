@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from test_panel_screenshots import scenario
 
 from kvscope.app import palette
-from kvscope.app.panels.pool_view import HOVER_HINT, PoolView
+from kvscope.app.panels.pool_view import PoolView
 from kvscope.engine import KVCacheManager
 from kvscope.engine.snapshot import CACHED
 
@@ -122,7 +122,7 @@ def test_hover_shows_a_cached_blocks_token_span_and_clears_on_leaving(pool, qtbo
     first = depth * snap.block_size
     assert f"tokens {first}–{first + snap.block_size - 1} of its prefix" in view.hover_label.text()
     qtbot.mouseMove(view.other, QPoint(5, 5))
-    qtbot.waitUntil(lambda: view.hover_label.text() == HOVER_HINT)
+    qtbot.waitUntil(lambda: view.hover_label.text() == "hover a block for details")
 
 
 def test_an_evicted_block_is_outlined_over_its_new_state(pool):
