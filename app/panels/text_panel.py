@@ -47,7 +47,6 @@ class TextPanel(QWidget):
         self.selection.request_changed.connect(lambda _rid: self.render())
         self.texts: dict[int, RequestText] = {}
         self.rows: list[RequestRow] = []
-        self._cached_seen: dict[int, int] = {}
         self.title = QLabel()
         # Two lines at most, whatever it says: a title that wraps further never makes the dock,
         # and so the window, taller (the full title is its tooltip)
@@ -90,7 +89,7 @@ class TextPanel(QWidget):
         self.render()
 
     def clear(self) -> None:
-        self.texts, self.rows, self._cached_seen = {}, [], {}
+        self.texts, self.rows = {}, []
         self.render()
 
     def _row(self, rid: int | None) -> RequestRow | None:
@@ -116,12 +115,7 @@ class TextPanel(QWidget):
         tokenized = (text is not None and text.prompt is not None
                      and len(text.prompt) == row.prompt_tokens)
         looked_up = admitted(row)
-        # A request's cached count is fixed at its first admission; a past step's row from a
-        # history recorded without it (a request still running) may say 0: keep what was seen
-        if row.cached_tokens > 0:
-            self._cached_seen[rid] = row.cached_tokens
-        cached = min(row.cached_tokens or self._cached_seen.get(rid, 0), row.prompt_tokens) \
-            if looked_up else 0
+        cached = min(row.cached_tokens, row.prompt_tokens) if looked_up else 0
         n_out = row.output_tokens
         if text is not None and text.output is not None:
             n_out = min(n_out, len(text.output))
