@@ -14,8 +14,10 @@ tokens, NEW greedy output tokens each, EOS ignored):
   weights sit on 2 MiB pages).
 
 Times are medians over --repeats runs (after one warm-up each); ratios compare medians.
+kvscope runs with ``EngineConfig(prepack_cpu_weights=True)`` (prefill products on oneDNN with
+reordered weight copies, whose size is printed at the end); ``--no-prepack`` turns it off.
 
-    .venv/bin/python benchmarks/smollm2_vs_transformers.py [--threads 1] [--repeats 3]
+    .venv/bin/python benchmarks/smollm2_vs_transformers.py [--repeats 3] [--no-prepack]
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Run:
     cpu_total: float
     steps: list[float]
     cpu_steps: list[float]
+    prefill: float = 0.0  # kvscope: wall time of the steps that prefill (transformers: 0)
 
 
 class Stamps:
@@ -99,7 +102,8 @@ def ours(engine: Engine, batch_prompts, new: int) -> Run:
         del engine.step
     decode = [(r.wall_s, c) for r, c in zip(engine.step_records[first:], cpu_steps, strict=True)
               if r.prefill_tokens == 0 and r.decode_tokens == len(batch_prompts)]
-    return Run(total, cpu_total, [w for w, _ in decode], [c for _, c in decode])
+    prefill = sum(r.wall_s for r in engine.step_records[first:] if r.prefill_tokens)
+    return Run(total, cpu_total, [w for w, _ in decode], [c for _, c in decode], prefill)
 
 
 def theirs(model, tokenizer, batch_prompts, new: int) -> Run:
@@ -168,6 +172,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new", type=int, default=32, help="output tokens per prompt")
+    ap.add_argument("--no-prepack", dest="prepack", action="store_false",
+                    help="prefill on MKL with the dense weights (EngineConfig.prepack_cpu_weights"
+                         " off)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -175,7 +182,8 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
 
     path = smollm2_path()
-    engine = Engine.from_pretrained("smollm2", EngineConfig(num_blocks=512))
+    engine = Engine.from_pretrained("smollm2", EngineConfig(
+        num_blocks=512, prepack_cpu_weights=args.prepack))
     tok = engine.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
@@ -184,7 +192,8 @@ def main() -> None:
     bandwidth.sample()
     print(f"SmolLM2-135M-Instruct float32, {args.threads} thread(s), torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {platform.machine()}, "
-          f"{args.new} new tokens, median of {args.repeats}")
+          f"{args.new} new tokens, median of {args.repeats}, prepacked prefill weights "
+          f"{'on' if args.prepack else 'off'}")
     for batch in (1, 8):
         batch_prompts = prompts(tok, batch)
         runs = {"kvscope": lambda bp=batch_prompts: ours(engine, bp, args.new),
@@ -207,6 +216,7 @@ def main() -> None:
             ours_v, theirs_v = med("kvscope", field), med("transformers", field)
             print(f"  {what} kvscope {ours_v * k:7.3g} {unit:2s}  transformers "
                   f"{theirs_v * k:7.3g} {unit:2s}  speed-up x{theirs_v / ours_v:.2f}")
+        print(f"  prefill steps   kvscope {med('kvscope', 'prefill'):7.3g} s ")
         limit_s = nbytes / bandwidth.best()
         print(f"  physical limit  {nbytes / 1e9:.3f} GB of weights / {bandwidth.best() / 1e9:.1f}"
               f" GB/s (best of {len(bandwidth.samples)} samples, median "
@@ -215,6 +225,8 @@ def main() -> None:
             print(f"  {what} kvscope {limit_s / med('kvscope', field):.2f}   transformers "
                   f"{limit_s / med('transformers', field):.2f}   (1.00 = reading the weights "
                   "once at full bandwidth)")
+    print(f"prepacked weight copies (prefill): {engine.runner.prepacked_weight_bytes / 1e6:.0f} MB "
+          f"beside {nbytes / 1e6:.0f} MB of weights")
 
 
 if __name__ == "__main__":

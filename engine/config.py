@@ -81,6 +81,10 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.5  # of free device memory given to the KV pool (CUDA)
     record_events: bool = True
     eviction_policy: str = "lru"  # which cached block is reused first: lru | fifo | lfu
+    # CPU float32 prefill: a second, oneDNN-blocked copy of each linear weight (made on first
+    # use, beside the dense one the decode kernels read), for 1.1-1.7x faster prefill products.
+    # Off by default: it adds about 0.8x the model's weight memory (425 MB on SmolLM2-135M).
+    prepack_cpu_weights: bool = False
 
     def __post_init__(self):
         own = "EngineConfig"
@@ -100,7 +104,8 @@ class EngineConfig:
         if not (is_number(self.gpu_memory_fraction) and 0 < self.gpu_memory_fraction <= 1):
             raise ValueError(f"{own}.gpu_memory_fraction must be in (0, 1], got "
                              f"{shown(self.gpu_memory_fraction)}")
-        _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events"))
+        _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events",
+                          "prepack_cpu_weights"))
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ValueError(f"{own}.eviction_policy must be one of "
                              f"{', '.join(EVICTION_POLICIES)}, got {shown(self.eviction_policy)}")

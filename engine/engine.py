@@ -71,7 +71,7 @@ class Engine:
         self.device = torch.device(config.device)
         num_blocks = config.num_blocks or self._default_num_blocks(loaded)
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
-                                  self.device)
+                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights)
         # the model part of every chain's root hash (see block_hash.ExtraKeys)
         self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,

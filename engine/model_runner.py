@@ -21,6 +21,7 @@ import torch
 from kvscope import kernels
 from kvscope.engine.loader import LoadedModel
 from kvscope.engine.models.attention import AttentionContext
+from kvscope.engine.models.llama import Linear
 
 FP8_HEADROOM = 2.0  # calibrated scale maps 2x the observed max to 448
 
@@ -78,14 +79,20 @@ class ForwardBatch:
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
-                 kernel_impl: str | None = None):
+                 kernel_impl: str | None = None, prepack_cpu_weights: bool = False):
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
-        forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests)."""
+        forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests).
+        ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it)."""
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
         if self.device.type == "cpu":
             kernels.hugepage_weights(self.model)
+        for module in self.model.modules():
+            if isinstance(module, Linear):
+                module.prepack = prepack_cpu_weights and self.device.type == "cpu"
+        if not prepack_cpu_weights:
+            kernels.cpu.drop_packed(self.model)
         self.config = cfg = loaded.config
         self.model_dtype = loaded.dtype
         self.num_blocks = num_blocks
@@ -102,6 +109,22 @@ class ModelRunner:
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False
+
+    @property
+    def weight_bytes(self) -> int:
+        """The model's parameters (tied ones once), plus the prepacked copies made so far."""
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * p.element_size()
+        return total + self.prepacked_weight_bytes
+
+    @property
+    def prepacked_weight_bytes(self) -> int:
+        """Bytes of the oneDNN-blocked weight copies for CPU prefill (``prepack_cpu_weights``);
+        they are made on first use, so 0 before the first prefill."""
+        return kernels.cpu.packed_bytes(self.model)
 
     @property
     def is_fp8(self) -> bool:

@@ -29,14 +29,21 @@ def _decode_sized(x: torch.Tensor) -> bool:
 class Linear(nn.Linear):
     """nn.Linear without random init: weights always come from a checkpoint, and skipping the
     init keeps meta-device construction fast. A few float32 rows on the CPU (decode steps) go
-    to kvscope's streaming kernel, about twice as fast there as torch's (``kernels/cpu.py``)."""
+    to kvscope's streaming kernel, about twice as fast there as torch's (``kernels/cpu.py``).
+    With ``prepack`` set (``EngineConfig.prepack_cpu_weights``), longer float32 inputs on the
+    CPU (prefill) go to oneDNN with a reordered copy of the weight, made on first use."""
+
+    prepack = False  # the runner sets it per module
 
     def reset_parameters(self) -> None:
         pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and (out := cpu.linear(x, self.weight, self.bias)) is not None:
-            return out
+        if x.device.type == "cpu":
+            if (out := cpu.linear(x, self.weight, self.bias)) is not None:
+                return out
+            if self.prepack and (out := cpu.packed_linear(self, x)) is not None:
+                return out
         return F.linear(x, self.weight, self.bias)
 
 

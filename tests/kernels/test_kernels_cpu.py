@@ -146,3 +146,76 @@ def test_switch_off_gives_plain_torch(monkeypatch):
     model = torch.nn.Linear(16, 8)
     ptr = model.weight.data_ptr()
     assert cpu.hugepage_weights(model) == 0 and model.weight.data_ptr() == ptr
+
+
+# oneDNN's blocked GEMM sums the K terms in another order than MKL: float32 dots of up to 1536
+# terms of unit-scale values (results ~40) agree to a few 1e-5.
+PACKED_ATOL, PACKED_RTOL = 2e-4, 1e-5
+
+
+def _prepacked(n: int, k: int, bias: bool, seed: int = 0):
+    from kvscope.engine.models.llama import Linear
+
+    gen = torch.Generator().manual_seed(seed)
+    module = Linear(k, n, bias=bias)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(n, k, generator=gen))
+        if bias:
+            module.bias.copy_(torch.randn(n, generator=gen))
+    module.prepack = True
+    return module, gen
+
+
+@pytest.mark.parametrize("rows", [cpu.LINEAR_MAX_ROWS + 1, 64, 757])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (192, 576), (1536, 576), (576, 1536), (7, 33)])
+def test_packed_linear_matches_f_linear_and_is_taken(rows, n, k):
+    torch.set_num_threads(1)
+    for bias in (False, True):
+        module, gen = _prepacked(n, k, bias, seed=rows + n + k)
+        x = torch.randn(rows, k, generator=gen)
+        with torch.inference_mode():
+            got = module.forward(x)
+        # taken: the reordered copy exists now, as large as the weight
+        assert cpu.packed_bytes(module) == n * k * 4
+        torch.testing.assert_close(got, F.linear(x, module.weight, module.bias),
+                                   atol=PACKED_ATOL, rtol=PACKED_RTOL)
+
+
+def test_packed_linear_packs_once_and_follows_weight_changes():
+    module, gen = _prepacked(64, 32, bias=True)
+    x = torch.randn(20, 32, generator=gen)
+    with torch.no_grad():
+        module.forward(x)
+        first = module.__dict__[cpu._PACK_ATTR][1]
+        module.forward(x)
+        assert module.__dict__[cpu._PACK_ATTR][1] is first  # not repacked per call
+        module.weight.mul_(2)  # in place: a new version, so a new copy
+        torch.testing.assert_close(module.forward(x), F.linear(x, module.weight, module.bias),
+                                   atol=PACKED_ATOL, rtol=PACKED_RTOL)
+        assert module.__dict__[cpu._PACK_ATTR][1] is not first
+    cpu.drop_packed(module)
+    assert cpu.packed_bytes(module) == 0
+
+
+def test_packed_linear_declines_what_it_does_not_handle(monkeypatch):
+    module, gen = _prepacked(64, 32, bias=False)
+    with torch.no_grad():
+        assert cpu.packed_linear(module, torch.randn(cpu.LINEAR_MAX_ROWS, 32)) is None
+        assert cpu.packed_linear(module, torch.randn(20, 32, dtype=torch.bfloat16)) is None
+        assert cpu.packed_linear(module, torch.randn(32, 20).T) is None  # not contiguous
+    with torch.enable_grad():
+        assert cpu.packed_linear(module, torch.randn(20, 32)) is None  # weight requires grad
+    monkeypatch.setenv("KVSCOPE_CPU_KERNELS", "0")  # the plain-torch engine
+    with torch.no_grad():
+        assert cpu.packed_linear(module, torch.randn(20, 32)) is None
+    monkeypatch.delenv("KVSCOPE_CPU_KERNELS")
+    monkeypatch.setattr(cpu, "_packing", False)  # a torch build without the oneDNN ops
+    x = torch.randn(20, 32)
+    with torch.no_grad():
+        assert cpu.packed_linear(module, x) is None
+        torch.testing.assert_close(module.forward(x), F.linear(x, module.weight))  # F.linear
+    monkeypatch.setattr(cpu, "_packing", None)
+    module.prepack = False
+    with torch.no_grad():
+        module.forward(x)
+    assert cpu.packed_bytes(module) == 0

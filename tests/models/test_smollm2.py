@@ -15,6 +15,8 @@ from model_testutil import BlockAllocator, PagedSeq, greedy_decode
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.gguf_loader import smollm2_path
 from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.llama import Linear
+from kvscope.kernels import cpu
 
 NEW_TOKENS = 8
 # Same dequantized float32 weights on both sides; only summation order differs.
@@ -55,28 +57,47 @@ def test_prompts_cover_a_chat_turn_and_a_long_context(smollm2):
     assert 280 <= len(prompts[-1]) <= 340
 
 
-@pytest.mark.slow  # 30-90 s on 2 shared cores, most of it transformers reading the GGUF file
-def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2):
-    engine, hf, prompts = smollm2
+@pytest.fixture(scope="module")
+def reference(smollm2):
+    """transformers' greedy tokens and per-step logits, one prompt at a time."""
+    _, hf, prompts = smollm2
     with torch.no_grad():
         ref = [hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
                            output_logits=True, return_dict_in_generate=True)
                for p in prompts]
-    ref_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(ref, prompts, strict=True)]
+    return ref, [r.sequences[0, len(p):].tolist() for r, p in zip(ref, prompts, strict=True)]
 
-    outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
-                                                   ignore_eos=True))
-    assert [o.token_ids for o in outs] == ref_tokens
 
-    # Logits: all eight prompts packed into one prefill, then batched paged decode steps.
-    runner = ModelRunner(engine.loaded, num_blocks=64, block_size=16)
-    seqs = [PagedSeq(p, BlockAllocator(64, seed=i), 16) for i, p in enumerate(prompts)]
-    alloc = seqs[0].alloc
-    for s in seqs:
-        s.alloc = alloc
-    tokens, logits = greedy_decode(runner, seqs, runner.run([s.chunk() for s in seqs]),
-                                   NEW_TOKENS)
-    assert tokens == ref_tokens
-    worst = max((ours[i] - r.logits[step][0]).abs().max().item()
-                for step, ours in enumerate(logits) for i, r in enumerate(ref))
-    assert worst <= LOGIT_ATOL, f"max abs logit difference {worst}"
+@pytest.mark.slow  # 30-90 s on 2 shared cores, most of it transformers reading the GGUF file
+# prepack: the prefill products on oneDNN with reordered weights (EngineConfig.prepack_cpu_weights)
+@pytest.mark.parametrize("prepack", [False, True], ids=["mkl_prefill", "prepacked_prefill"])
+def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2, reference, prepack):
+    engine, _, prompts = smollm2
+    ref, ref_tokens = reference
+    if prepack:
+        engine = Engine(engine.loaded, EngineConfig(num_blocks=128, prepack_cpu_weights=True))
+    try:
+        outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
+                                                       ignore_eos=True))
+        assert [o.token_ids for o in outs] == ref_tokens
+        # the 300-token prompt's prefill went through the packed copies (or none were made)
+        assert (engine.runner.prepacked_weight_bytes > 0) == prepack
+
+        # Logits: all eight prompts packed into one prefill, then batched paged decode steps.
+        runner = ModelRunner(engine.loaded, num_blocks=64, block_size=16,
+                             prepack_cpu_weights=prepack)
+        seqs = [PagedSeq(p, BlockAllocator(64, seed=i), 16) for i, p in enumerate(prompts)]
+        alloc = seqs[0].alloc
+        for s in seqs:
+            s.alloc = alloc
+        tokens, logits = greedy_decode(runner, seqs, runner.run([s.chunk() for s in seqs]),
+                                       NEW_TOKENS)
+        assert tokens == ref_tokens
+        worst = max((ours[i] - r.logits[step][0]).abs().max().item()
+                    for step, ours in enumerate(logits) for i, r in enumerate(ref))
+        assert worst <= LOGIT_ATOL, f"max abs logit difference {worst}"
+    finally:  # the runners set the flag on the shared session model: off, copies freed
+        for module in engine.loaded.model.modules():
+            if isinstance(module, Linear):
+                module.prepack = False
+        cpu.drop_packed(engine.loaded.model)
