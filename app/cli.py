@@ -176,6 +176,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="token budget per step (default 1024)")
     g.add_argument("--max-num-seqs", type=_positive_int, default=64,
                    help="running requests at most (default 64)")
+    g.add_argument("--prepack-cpu-weights", action="store_true",
+                   help="CPU prefill on oneDNN with a reordered copy of each weight: faster "
+                   "prefill, about 0.8x the weights in extra memory")
     g.add_argument("--threads", type=_positive_int, default=None,
                    help=f"torch CPU threads, 1 to the {cpu_cores()} CPUs this process may use "
                    "(default: all but one, or OMP_NUM_THREADS if set)")
@@ -243,7 +246,8 @@ def load_engine(args: argparse.Namespace):
                               enable_kv_cache=not args.no_kv_cache,
                               max_num_batched_tokens=args.max_batched_tokens,
                               max_num_seqs=args.max_num_seqs,
-                              eviction_policy=args.eviction_policy)
+                              eviction_policy=args.eviction_policy,
+                              prepack_cpu_weights=args.prepack_cpu_weights)
         return Engine.from_pretrained(args.model, config)
     except ModelLoadError as e:
         raise CliError(f"cannot load model {args.model!r}: {e}") from None

@@ -14,10 +14,10 @@ tokens, NEW greedy output tokens each, EOS ignored):
   weights sit on 2 MiB pages).
 
 Times are medians over --repeats runs (after one warm-up each); ratios compare medians.
-kvscope runs with ``EngineConfig(prepack_cpu_weights=True)`` (prefill products on oneDNN with
-reordered weight copies, whose size is printed at the end); ``--no-prepack`` turns it off.
+kvscope runs with its defaults; ``--prepack`` turns on ``EngineConfig(prepack_cpu_weights=True)``
+(prefill products on oneDNN with reordered weight copies, whose size is printed at the end).
 
-    .venv/bin/python benchmarks/smollm2_vs_transformers.py [--repeats 3] [--no-prepack]
+    .venv/bin/python benchmarks/smollm2_vs_transformers.py [--repeats 3] [--prepack]
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new", type=int, default=32, help="output tokens per prompt")
-    ap.add_argument("--no-prepack", dest="prepack", action="store_false",
-                    help="prefill on MKL with the dense weights (EngineConfig.prepack_cpu_weights"
-                         " off)")
+    ap.add_argument("--prepack", action="store_true",
+                    help="prefill on oneDNN with reordered weight copies "
+                         "(EngineConfig.prepack_cpu_weights; off by default, as in the engine)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")

@@ -194,3 +194,11 @@ def test_replay_of_a_bad_file_exits_2_before_any_window(tmp_path, capsys):
     bad.write_bytes(b"\0" * 4096)
     assert cli.main(["replay", str(bad)]) == 2
     assert "kvscope: error:" in capsys.readouterr().err
+
+
+def test_prepack_cpu_weights_reaches_the_engine(engines, capsys):
+    prompt = "The list of the words in the sentence is longer than twelve tokens. " * 2
+    assert cli.main(["generate", prompt, "--max-tokens", "4", "--prepack-cpu-weights"]) == 0
+    (engine,) = engines
+    assert engine.config.prepack_cpu_weights
+    assert engine.runner.prepacked_weight_bytes > 0  # the prompt's prefill made the copies
