@@ -251,6 +251,9 @@ class MainWindow(QMainWindow):
         self.model_box.setToolTip("demo, SmolLM2, a local model folder, a .gguf file, or a repo "
                                   "id in the local Hugging Face cache; Enter loads it")
         self.model_box.lineEdit().returnPressed.connect(self.reload)
+        # A long name shows its start ("SmolLM2-13…"), not its end ("…ct (real)").
+        self.model_box.currentIndexChanged.connect(
+            lambda _i: self.model_box.lineEdit().setCursorPosition(0))
         tb.addWidget(QLabel(" Model "))
         tb.addWidget(self.model_box)
         self.act_open_model = self._action("Open model…", "Ctrl+L", self.open_model_folder)
