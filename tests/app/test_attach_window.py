@@ -104,14 +104,14 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     slot = int(np.flatnonzero(w.snapshot.state)[0])
     pool = w.pool
     scene = pool.plot.plotItem.vb.mapViewToScene(QPointF(*pool.cell_center(slot)))
-    qtbot.mouseClick(pool.plot.viewport(), Qt.LeftButton, pos=pool.plot.mapFromScene(scene))
-    text = w.details.text.toPlainText()
-    assert f"hash slot {slot}: hash " in text and "dp rank 0 · KV group 0 ·" in text, text
     # hovering names slots, not blocks; the legend's shades mean order of storing
     qtbot.mouseMove(pool.plot.viewport(), pool.plot.mapFromScene(scene))
     qtbot.waitUntil(lambda: pool.hover_label.text().startswith(f"hash slot {slot} · cached"))
     assert "darker = stored earlier" in pool.legend.text()
     assert "evicted sooner" not in pool.legend.text()
+    qtbot.mouseClick(pool.plot.viewport(), Qt.LeftButton, pos=pool.plot.mapFromScene(scene))
+    text = w.details.text.toPlainText()
+    assert f"hash slot {slot}: hash " in text and "dp rank 0 · KV group 0 ·" in text, text
     # a click on the health line: every line in Details
     qtbot.mouseClick(w.attach_view.health, Qt.LeftButton)
     text = w.details.text.toPlainText()
