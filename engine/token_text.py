@@ -10,6 +10,8 @@ join to the decoded text, and there is exactly one per token."""
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 
 class TokenPieces:
     """The pieces of a growing token sequence (`extend` as tokens arrive)."""
@@ -53,11 +55,7 @@ def token_pieces(tokenizer, ids, skip_special_tokens: bool = True) -> list[str]:
 
 def piece_ends(pieces: list[str]) -> list[int]:
     """Where each token's text ends in "".join(pieces) (characters), to store with the text."""
-    ends, n = [], 0
-    for p in pieces:
-        n += len(p)
-        ends.append(n)
-    return ends
+    return list(accumulate(map(len, pieces)))
 
 
 def split_at(text: str, ends) -> list[str]:
