@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app.main_window import MainWindow
 
@@ -25,14 +26,36 @@ def open_window(qtbot, tmp_path, engine_setup: str | None = None) -> MainWindow:
     return w
 
 
-def open_replay(qtbot, tmp_path, session) -> MainWindow:
-    """The window as `kvscope replay FILE` opens it: no model loaded."""
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
+def bare_window(qtbot, tmp_path, size=(1280, 720), name="k.ini") -> MainWindow:
+    """The window without a model (no engine process), shown at a size."""
+    w = MainWindow(settings=QSettings(str(tmp_path / name), QSettings.IniFormat))
     qtbot.addWidget(w)
-    w.resize(1400, 900)
+    w.resize(*size)
     w.show()
+    qtbot.waitExposed(w)
+    return w
+
+
+def open_replay(qtbot, tmp_path, session, size=(1400, 900)) -> MainWindow:
+    """The window as `kvscope replay FILE` opens it: no model loaded."""
+    w = bare_window(qtbot, tmp_path, size)
     assert w.open_session(str(session))
     return w
+
+
+def beside_a_label(qtbot, widget: QWidget, size: tuple[int, int]) -> tuple[QWidget, QLabel]:
+    """Shows `widget` above a label (somewhere for the mouse to leave to) in a box: (box, label).
+    Keep the box: the widgets are deleted with it."""
+    box = QWidget()
+    other = QLabel("elsewhere")
+    layout = QVBoxLayout(box)
+    layout.addWidget(widget, 1)
+    layout.addWidget(other)
+    qtbot.addWidget(box)
+    box.resize(*size)
+    box.show()
+    qtbot.waitExposed(box)
+    return box, other
 
 
 @pytest.fixture

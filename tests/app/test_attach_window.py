@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from PySide6.QtCore import QPointF, QSettings, Qt
+from conftest import bare_window
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
-from kvscope.app.main_window import MainWindow
 from kvscope.app.prefix_tree import _parent_blocks, walk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
@@ -27,11 +28,7 @@ import kvscope.sessions.kv_events.session as attach_session  # noqa: E402
 @pytest.fixture
 def bare(qtbot, tmp_path):
     """The window without a model: attaching needs none."""
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    w.show()
-    qtbot.waitExposed(w)
+    w = bare_window(qtbot, tmp_path)
     yield w
     w.close()
 
@@ -105,7 +102,11 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     pool = w.pool
     scene = pool.plot.plotItem.vb.mapViewToScene(QPointF(*pool.cell_center(slot)))
     # hovering names slots, not blocks; the legend's shades mean order of storing
-    qtbot.mouseMove(pool.plot.viewport(), pool.plot.mapFromScene(scene))
+    # (sent to the view itself: QTest's window-level moves were not always routed to it here)
+    at = QPointF(pool.plot.mapFromScene(scene))
+    QApplication.sendEvent(pool.plot.viewport(), QMouseEvent(
+        QEvent.MouseMove, at, pool.plot.viewport().mapToGlobal(at), Qt.NoButton, Qt.NoButton,
+        Qt.NoModifier))
     qtbot.waitUntil(lambda: pool.hover_label.text().startswith(f"hash slot {slot} · cached"))
     assert "darker = stored earlier" in pool.legend.text()
     assert "evicted sooner" not in pool.legend.text()

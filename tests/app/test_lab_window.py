@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import bare_window
 from image_compare import to_array
 from pixels import grab_pool
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from test_time_cursor import rendered
 
 from kvscope.app import palette
 from kvscope.app.lab_source import LabSource
-from kvscope.app.main_window import MainWindow
 from kvscope.engine import events as ev
 from kvscope.engine.lab import report, whatif
 from kvscope.engine.lab.dead import dead_blocks_in_pool
@@ -30,10 +30,7 @@ LIMIT = 60
 @pytest.fixture
 def window(qtbot, tmp_path):
     """No model: the lab needs none."""
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
+    w = bare_window(qtbot, tmp_path, (1400, 900))
     yield w
     w.lab.cancel()
     w.close()

@@ -4,23 +4,13 @@ the requests table shows its rows, docks can be shown, hidden and reset from the
 from __future__ import annotations
 
 import pytest
-from conftest import open_window, step
-from PySide6.QtCore import QSettings, Qt
+from conftest import bare_window, open_window, step
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QToolBar
 
 from kvscope.app.frames import RequestRow
-from kvscope.app.main_window import MIN_SIZES, MainWindow
+from kvscope.app.main_window import MIN_SIZES
 from kvscope.engine.config import SamplingParams
-
-
-def bare_window(qtbot, tmp_path, size=(1280, 720), name="k.ini") -> MainWindow:
-    """The window without a model (no engine process): layout only."""
-    w = MainWindow(settings=QSettings(str(tmp_path / name), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(*size)
-    w.show()
-    qtbot.waitExposed(w)
-    return w
 
 
 def rows(n: int) -> list[RequestRow]:

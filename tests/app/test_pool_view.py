@@ -8,9 +8,9 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import beside_a_label
 from pixels import cell_pixel, close, grab_pool, lut_rgb
 from PySide6.QtCore import QPoint, QPointF, Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from test_panel_screenshots import scenario
 
 from kvscope.app import palette
@@ -52,16 +52,8 @@ def pool(qtbot):
     mgr = scenario()
     events = mgr.events.drain()
     evicted = [b for e in events if e.kind == "evicted" for b in e.blocks]
-    box = QWidget()
     view = PoolView()
-    other = QLabel("elsewhere")
-    layout = QVBoxLayout(box)
-    layout.addWidget(view, 1)
-    layout.addWidget(other)
-    qtbot.addWidget(box)
-    box.resize(640, 480)
-    box.show()
-    qtbot.waitExposed(box)
+    box, other = beside_a_label(qtbot, view, (640, 480))
     snap = mgr.snapshot()
     view.set_snapshot(snap, evicted)
     view.other = other

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from conftest import open_replay
+from PySide6.QtCore import Qt
 
-from kvscope.app.main_window import MainWindow
 from kvscope.app.replay_bar import SPEEDS
 
 SESSION = Path(__file__).resolve().parents[1] / "data" / "session_before_step_stream.kvscope"
@@ -18,11 +18,7 @@ EVICTION_STEPS = [14, 15, 18, 25, 28, 34, 36, 39]  # read from the file with Ses
 
 @pytest.fixture
 def replay(qtbot, tmp_path):
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1280, 720)
-    w.show()
-    assert w.open_session(str(SESSION))
+    w = open_replay(qtbot, tmp_path, SESSION, (1280, 720))
     qtbot.waitUntil(w.replay_bar.isVisible)
     yield w
     w.close()

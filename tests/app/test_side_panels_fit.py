@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import open_window
+from conftest import bare_window, open_window
 from image_compare import ARTIFACTS, to_array
-from PySide6.QtCore import QPoint, QPointF, QRectF, QSettings, Qt
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QTabBar
 
@@ -24,15 +24,11 @@ from kvscope.engine.metrics import StepRecord
 SMALL, LARGE = (1280, 720), (1600, 1000)
 
 
-def bare_window(qtbot, tmp_path, size, reset: bool = True) -> MainWindow:
+def laid_out_window(qtbot, tmp_path, size, reset: bool = True) -> MainWindow:
     """The window without an engine (frames are fed by hand), at a size, in the default layout
     made for that size (reset: as Reset layout makes it; else as a first start makes it)."""
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
+    w = bare_window(qtbot, tmp_path, size)
     w.frame_timer.stop()
-    w.resize(*size)
-    w.show()
-    qtbot.waitExposed(w)
     if reset:
         w.reset_layout()
         qtbot.wait(20)
@@ -54,7 +50,7 @@ def click_tab(qtbot, w, title: str) -> None:
 def test_tabbed_docks_show_one_tab_bar_each_with_whole_titles(qtbot, tmp_path, size):
     # As the window first paints: Qt 6.11 deletes its stray copy of a tab bar only later, once
     # the event loop runs (a screenshot taken before, or a slow start, shows it).
-    w = bare_window(qtbot, tmp_path, size, reset=False)
+    w = laid_out_window(qtbot, tmp_path, size, reset=False)
     bars = shown_tab_bars(w)
     groups = sorted(tuple(b.tabText(i) for i in range(b.count())) for b in bars)
     assert groups == [("Details / Why it missed", "Text"), ("Prefix tree", "Capacity", "Device"),
@@ -83,7 +79,7 @@ def pool_of(num_blocks: int) -> KVCacheManager:
 
 @pytest.mark.parametrize("size", [SMALL, LARGE])
 def test_the_pool_title_fits_its_width(qtbot, tmp_path, size):
-    w = bare_window(qtbot, tmp_path, size)
+    w = laid_out_window(qtbot, tmp_path, size)
     w.show_frame(Frame(snapshot=pool_of(2048).snapshot(), evicted=np.arange(120)))
     qtbot.wait(20)
     title = w.pool.title
@@ -151,7 +147,7 @@ def test_the_tree_draws_during_a_live_run_and_names_its_root_inside_the_view(qtb
 def test_the_tree_is_drawn_while_every_frame_redraws_the_timeline(qtbot, tmp_path):
     """The two costly panels take turns; a run whose every frame redraws the timeline (a step
     a frame, zoomed in) still draws the tree as it goes, not only once the run ends."""
-    w = bare_window(qtbot, tmp_path, SMALL)
+    w = laid_out_window(qtbot, tmp_path, SMALL)
     mgr = KVCacheManager(256, 16)
     redrew = []
     for step in range(14):
@@ -197,7 +193,7 @@ def test_two_tenants_are_two_roots_each_named_by_its_salt(qtbot):
 
 
 def test_the_capacity_tab_shows_every_row_and_a_legend_that_covers_no_curve(qtbot, tmp_path):
-    w = bare_window(qtbot, tmp_path, SMALL)
+    w = laid_out_window(qtbot, tmp_path, SMALL)
     click_tab(qtbot, w, "Capacity")
     cap = w.capacity
     qtbot.waitUntil(lambda: not w.docks["capacity"].visibleRegion().isEmpty())

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import step
-from PySide6.QtCore import QPointF, QSettings, Qt
+from conftest import open_replay, step
+from PySide6.QtCore import QPointF, Qt
 
 from kvscope.app.frames import NO_TEXT
 from kvscope.app.main_window import MainWindow
@@ -162,11 +162,7 @@ def sessions(tmp_path_factory):
 
 
 def replay_window(qtbot, tmp_path, path) -> MainWindow:
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.open_session(str(path))
+    w = open_replay(qtbot, tmp_path, path)
     w.docks["text"].raise_()
     return w
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import beside_a_label
 from PySide6.QtCore import QPoint, QPointF, Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from test_panel_screenshots import scenario
 from test_timeline import records
 
@@ -18,16 +18,8 @@ from kvscope.engine import events as ev
 
 @pytest.fixture
 def timeline(qtbot):
-    box = QWidget()
     t = Timeline()
-    other = QLabel("elsewhere")
-    layout = QVBoxLayout(box)
-    layout.addWidget(t, 1)
-    layout.addWidget(other)
-    qtbot.addWidget(box)
-    box.resize(1000, 420)
-    box.show()
-    qtbot.waitExposed(box)
+    box, other = beside_a_label(qtbot, t, (1000, 420))
     t.show_frame(Frame(records=records(100)))
     qtbot.waitUntil(lambda: t._pending == 0)
     t.other = other
