@@ -44,6 +44,7 @@ BAD_ENGINE = [
     ({"device": "tpu"}, "device"), ({"gpu_memory_fraction": math.nan}, "gpu_memory_fraction"),
     ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),
     ({"enable_prefix_caching": "no"}, "enable_prefix_caching"),
+    ({"prepack_cpu_weights": 1}, "prepack_cpu_weights"),
     ({"warmup_steps": -1}, "warmup_steps"),
 ]
 
