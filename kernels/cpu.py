@@ -107,6 +107,8 @@ _SIGNATURES = {
     "kv_silu_mul_f32": [_P, _P, _P, _I],
     "kv_store_f32": [_P, _P, _P, _P, _P, _I, _I, _I],
     "kv_decode_attention_f32": [_P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _N],
+    "kv_decode_layers_f32": [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I,
+                             _P, _I, _I, _N],
 }
 
 
@@ -222,6 +224,95 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
     if status != 0:
         raise MemoryError("decode attention: no memory for the score rows")
     return out
+
+
+# The fields of kv_layer_f32 (cpu_kernels.c), in order: one decoder layer's weights.
+LAYER_FIELDS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "q_norm", "k_norm", "wo", "bo",
+                "ln2", "wg", "bg", "wu", "bu", "wd", "bd")
+_OPTIONAL = {"bq", "bk", "bv", "q_norm", "k_norm", "bo", "bg", "bu", "bd"}
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in LAYER_FIELDS]
+
+
+class DecoderWeights:
+    """A model's decoder layers as ``kv_decode_layers_f32`` reads them: every layer of a decode
+    step in one C call (the per-op path costs ~400 Python-level calls a step, ~5 ms on
+    SmolLM2). ``layers``: one dict per layer, ``LAYER_FIELDS`` -> tensor (None for an absent
+    bias or norm). ``usable`` is False when a weight is not a contiguous float32 CPU tensor of
+    the shape the dimensions give (then callers take the per-op path)."""
+
+    def __init__(self, layers: list[dict[str, torch.Tensor | None]], hidden: int, heads: int,
+                 kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float):
+        self.dims = (hidden, heads, kv_heads, head_dim, intermediate)
+        self.eps, self.scale = eps, scale
+        self._tensors = [t for layer in layers for t in layer.values() if t is not None]
+        self._key = self.key()
+        qw, kvw = heads * head_dim, kv_heads * head_dim
+        shapes = {"ln1": (hidden,), "wq": (qw, hidden), "bq": (qw,), "wk": (kvw, hidden),
+                  "bk": (kvw,), "wv": (kvw, hidden), "bv": (kvw,), "q_norm": (head_dim,),
+                  "k_norm": (head_dim,), "wo": (hidden, qw), "bo": (hidden,), "ln2": (hidden,),
+                  "wg": (intermediate, hidden), "bg": (intermediate,),
+                  "wu": (intermediate, hidden), "bu": (intermediate,),
+                  "wd": (hidden, intermediate), "bd": (hidden,)}
+        self.usable = bool(layers) and _f32(*self._tensors) and all(
+            (t is None and name in _OPTIONAL) or (t is not None and tuple(t.shape) == shapes[name])
+            for layer in layers for name, t in ((n, layer.get(n)) for n in LAYER_FIELDS)) and all(
+            (layer["q_norm"] is None) == (layer["k_norm"] is None) for layer in layers)
+        self._array = (_Layer * len(layers))()
+        if self.usable:
+            for row, layer in zip(self._array, layers, strict=True):
+                for name, t in layer.items():
+                    setattr(row, name, t.data_ptr() if t is not None else None)
+        self.num_layers = len(layers)
+
+    def key(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for t in self._tensors)
+
+    def current(self) -> bool:
+        """The weights still live where they did when this was built (``hugepage_weights`` or
+        ``p.data = ...`` move them)."""
+        return self.key() == self._key
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+            context_lens: torch.Tensor) -> bool:
+        """Every decoder layer of a decode step, ``x`` ``[B, hidden]`` updated in place (one
+        token per sequence, rotary ``cos``/``sin`` ``[B, 1, head_dim]``, a float32 ``kv_cache``
+        ``[layers, 2, blocks, block_size, kv_heads, head_dim]``); False (nothing done) when not
+        applicable."""
+        hidden, heads, kv_heads, head_dim, inter = self.dims
+        batch = x.shape[0] if x.dim() == 2 else 0
+        if (not self.usable or not 0 < batch <= LINEAR_MAX_ROWS or x.shape[1] != hidden
+                or not _f32(x, cos, sin, kv_cache) or cos.shape != (batch, 1, head_dim)
+                or sin.shape != cos.shape or kv_cache.dim() != 6
+                or kv_cache.shape[0] != self.num_layers or kv_cache.shape[1] != 2
+                or kv_cache.shape[4:] != (kv_heads, head_dim)
+                or slot_mapping.dtype != torch.int64 or slot_mapping.shape != (batch,)
+                or block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32
+                or block_tables.dim() != 2 or block_tables.shape[0] != batch
+                or context_lens.shape != (batch,) or not slot_mapping.is_contiguous()
+                or not block_tables.is_contiguous() or not context_lens.is_contiguous()):
+            return False
+        lib = load()
+        if lib is None:
+            return False
+        num_blocks, block_size = kv_cache.shape[2], kv_cache.shape[3]
+        status = lib.kv_decode_layers_f32(
+            self._array, self.num_layers, kv_cache.data_ptr(), x.data_ptr(), batch, hidden,
+            heads, kv_heads, head_dim, inter, self.eps, self.scale, cos.data_ptr(),
+            sin.data_ptr(), slot_mapping.data_ptr(), block_tables.data_ptr(),
+            block_tables.stride(0), context_lens.data_ptr(), block_size, num_blocks,
+            torch.get_num_threads())
+        if status == -3:
+            raise IndexError("store_kv: slot out of range")
+        if status == -2:
+            raise IndexError("decode attention: a block table is too short or names a block "
+                             "outside the pool")
+        if status != 0:
+            raise MemoryError("decode step: no memory for the layer buffers")
+        return True
 
 
 # Prefill-sized products (more rows than LINEAR_MAX_ROWS) on oneDNN with the weight reordered

@@ -156,9 +156,45 @@ class LlamaForCausalLM(nn.Module):
             self.inv_freq = self.inv_freq.to(positions.device)
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer.forward(x, cos, sin, ctx)
+        if not self._decode_in_c(x, cos, sin, ctx):
+            for layer in self.model.layers:
+                x = layer.forward(x, cos, sin, ctx)
         return self.model.norm(x)
+
+    def _decode_in_c(self, x, cos, sin, ctx: AttentionContext) -> bool:
+        """A float32 CPU decode step with the "cpu" kernels: every layer in one C call
+        (``cpu.DecoderWeights``), the same kernels in the same order as the layers' own
+        forwards, without their ~400 Python-level calls. False (nothing done) otherwise."""
+        if (x.dtype != torch.float32 or not _decode_sized(x) or not ctx.is_decode
+                or ctx.kv_cache is None or ctx.kv_amax is not None or ctx.kernels is None
+                or ctx.kernels.name != "cpu"):
+            return False
+        weights = self.__dict__.get("_c_weights")
+        if weights is None or not weights.current():
+            weights = self.__dict__["_c_weights"] = self._decoder_weights()
+        return weights.run(x, cos, sin, ctx.kv_cache, ctx.slot_mapping, ctx.block_tables,
+                           ctx.context_lens)
+
+    def _decoder_weights(self) -> cpu.DecoderWeights:
+        cfg, layers = self.config, []
+        norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
+        for layer in self.model.layers:
+            a, f = layer.self_attn, layer.mlp
+            layers.append({
+                "ln1": layer.input_layernorm.weight, "wq": a.q_proj.weight, "bq": a.q_proj.bias,
+                "wk": a.k_proj.weight, "bk": a.k_proj.bias, "wv": a.v_proj.weight,
+                "bv": a.v_proj.bias, "q_norm": a.q_norm.weight if a.q_norm else None,
+                "k_norm": a.k_norm.weight if a.k_norm else None, "wo": a.o_proj.weight,
+                "bo": a.o_proj.bias, "ln2": layer.post_attention_layernorm.weight,
+                "wg": f.gate_proj.weight, "bg": f.gate_proj.bias, "wu": f.up_proj.weight,
+                "bu": f.up_proj.bias, "wd": f.down_proj.weight, "bd": f.down_proj.bias})
+        weights = cpu.DecoderWeights(
+            layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+        # One eps for every norm (the C call takes one): always so from a config, but a
+        # caller may have changed a module's.
+        weights.usable &= all(n.eps == cfg.rms_norm_eps for n in norms)
+        return weights
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
