@@ -62,11 +62,12 @@ def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBacken
     """``impl`` None: triton on CUDA, "cpu" elsewhere; "cpu", "torch" or "triton" force one.
 
     "cpu" is the torch reference with C kernels (``cpu.py``) for float32 caches in the two
-    per-layer decode calls (store and decode attention); anything else falls back to torch."""
+    per-layer decode calls (store and decode attention), anything else falling back to torch,
+    and prefill attention on torch's fused attention (``cpu.prefill_attention``)."""
     if impl is None:
         impl = "triton" if torch.device(device).type == "cuda" else "cpu"
     if impl == "cpu":
-        return KernelBackend("cpu", _cpu_store_kv, reference.paged_prefill_attention,
+        return KernelBackend("cpu", _cpu_store_kv, cpu.prefill_attention,
                              _cpu_paged_decode_attention)
     if impl == "torch":
         return KernelBackend("torch", reference.store_kv, reference.paged_prefill_attention,

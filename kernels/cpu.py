@@ -27,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+
+from kvscope.kernels import reference
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +226,44 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                          "outside the pool")
     if status != 0:
         raise MemoryError("decode attention: no memory for the score rows")
+    return out
+
+
+MASK_ENTRIES = 1 << 24
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                      k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+    """The reference ``paged_prefill_attention`` with torch's fused attention
+    (``scaled_dot_product_attention``, its CPU flash kernel) in place of explicit score and
+    softmax tensors: 4x faster from a few hundred tokens on (SmolLM2's shapes, one thread), and
+    without a prefix the causal mask lets it skip the upper triangle. Any cache dtype (fp8 read
+    back through its scale); computed in float32 like the reference."""
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for b, ctx in enumerate(context_lens.tolist()):
+        start, q_len = cu[b], cu[b + 1] - cu[b]
+        if q_len == 0:
+            continue
+        # [1, heads, tokens, D]: without the batch dim torch takes its unfused math path.
+        k = reference.gather_kv(k_cache, block_tables[b], ctx, k_scale).transpose(0, 1)[None]
+        v = reference.gather_kv(v_cache, block_tables[b], ctx, v_scale).transpose(0, 1)[None]
+        past = ctx - q_len  # keys before the first new token (a prefix-cache hit, or chunks)
+        # Query rows per call: the boolean mask of a prefix hit stays under MASK_ENTRIES.
+        rows = q_len if past == 0 else max(1, MASK_ENTRIES // ctx)
+        for i in range(0, q_len, rows):
+            j = min(q_len, i + rows)
+            n = past + j  # keys after the chunk's last query are masked for every row: drop
+            qs = q[start + i:start + j].float().transpose(0, 1)[None]
+            if past == 0 and i == 0 and j == q_len:
+                o = F.scaled_dot_product_attention(qs, k[:, :, :n], v[:, :, :n], is_causal=True,
+                                                   scale=scale, enable_gqa=True)
+            else:
+                mask = (torch.arange(n, device=q.device)[None, :]
+                        <= torch.arange(past + i, past + j, device=q.device)[:, None])
+                o = F.scaled_dot_product_attention(qs, k[:, :, :n], v[:, :, :n], attn_mask=mask,
+                                                   scale=scale, enable_gqa=True)
+            out[start + i:start + j] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
 

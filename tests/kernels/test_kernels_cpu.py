@@ -109,6 +109,33 @@ def test_decode_attention_checks_block_ids():
         cpu.decode_attention(q, k_cache, v_cache, tables[:, :2], lens.fill_(40), 0.25, 40)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("mask_entries", [cpu.MASK_ENTRIES, 200])
+def test_prefill_attention_matches_the_reference_and_the_dense_oracle(dtype, mask_entries,
+                                                                      monkeypatch):
+    """Whole prompts (the causal flag), prefix hits and chunked prefills (a mask), GQA, and a
+    mask budget small enough to split a hit's query rows into several calls."""
+    monkeypatch.setattr(cpu, "MASK_ENTRIES", mask_entries)
+    lengths, new = [1, 40, 37, 90, 5], [1, 40, 12, 61, 2]  # context and new tokens per sequence
+    k_cache, v_cache, tables, dense = build_paged(lengths, 2, 16, 8, dtype, k_scale=0.5, seed=3)
+    q_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    q = torch.randn(sum(new), 6, 16).to(q_dtype)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    backend = kernel_backend(None, "cpu")
+    got = backend.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.25, 0.5, 1.0,
+                                          max(new))
+    want = reference.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, 0.25, 0.5,
+                                             1.0)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype != torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got, want, **tol)
+    for b, (k, v) in enumerate(dense):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        torch.testing.assert_close(got[rows].float(),
+                                   dense_causal_attention(q[rows], k, v, 0.25).to(q_dtype).float(),
+                                   **tol)
+
+
 def test_cpu_backend_falls_back_to_the_reference_for_other_caches():
     backend = kernel_backend(None, "cpu")
     assert backend.name == "cpu"
