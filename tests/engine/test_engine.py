@@ -253,3 +253,27 @@ def test_text_prompts_need_a_tokenizer(tiny_llama):
     with pytest.raises(ValueError, match="no tokenizer"):
         engine.add_request("hello")
     assert engine.requests == {}
+
+
+def test_output_text_is_decoded_incrementally_and_stop_strings_cut_it():
+    """The engine decodes each token's text as it comes (not the whole output again): the text
+    must still equal the whole output decoded, and a stop string that spans tokens must cut it
+    at its first occurrence, as when the whole text was searched at every token."""
+    engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=64))
+    tok = engine.tokenizer
+    long = SamplingParams(max_tokens=48, ignore_eos=True)
+    [out] = engine.generate(["def main(args):"], long)
+    assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
+    text = out.text
+    # A stop string over a token boundary, from the second half, first seen there.
+    ends = [len(tok.decode(out.token_ids[:i], skip_special_tokens=True))
+            for i in range(1, len(out.token_ids) + 1)]
+    boundary = next(e for e in ends if e > len(text) // 2 and 3 <= e <= len(text) - 3)
+    stop = text[boundary - 3:boundary + 3]
+    first = text.find(stop)
+    [cut] = engine.generate(["def main(args):"], SamplingParams(
+        max_tokens=48, ignore_eos=True, stop=["\x00never", stop]))
+    assert cut.finish_reason == "stop"
+    assert cut.text == text[:first]
+    assert cut.token_ids == out.token_ids[:len(cut.token_ids)]
+    assert tok.decode(cut.token_ids, skip_special_tokens=True).startswith(text[:first] + stop)
