@@ -212,7 +212,19 @@ class MainWindow(QMainWindow):
                          [int(w * 0.33), int(w * 0.27)], Qt.Horizontal)
         self.resizeDocks([self.docks["timeline"]], [int(h * 0.3)], Qt.Vertical)
         self.resizeDocks([self.docks["requests"], self.docks["composer"]],
-                         [int(h * 0.4), MIN_SIZES["composer"][1]], Qt.Vertical)
+                         [int(h * 0.4), self._composer_height()], Qt.Vertical)
+
+    def _composer_height(self) -> int:
+        return max(MIN_SIZES["composer"][1], self.composer.needed_height())
+
+    def _fit_composer(self) -> None:
+        """Chat mode shows the transcript: grow the Prompt dock to show it and every field
+        (taking the height from the requests above), never shrink it."""
+        dock, above = self.docks["composer"], self.docks["requests"]
+        have, need = dock.height(), dock.height() - dock.widget().height() + self._composer_height()
+        if (dock.isVisible() and not dock.isFloating() and have < need
+                and self.dockWidgetArea(above) == self.dockWidgetArea(dock)):
+            self.resizeDocks([above, dock], [above.height() - (need - have), need], Qt.Vertical)
 
     def reset_layout(self) -> None:
         size = self.size()  # re-adding the docks stacks them for a moment: the window would grow
@@ -347,6 +359,7 @@ class MainWindow(QMainWindow):
         w.rejected.connect(self.composer.on_rejected)
         w.submitted.connect(self.composer.on_submitted)
         self.composer.submitted.connect(self.submit)
+        self.composer.chat.toggled.connect(lambda _on: QTimer.singleShot(0, self._fit_composer))
         self.requests.cancel_requested.connect(w.cancel)
         self.requests.explain_requested.connect(self.explain)
 

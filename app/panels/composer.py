@@ -10,11 +10,13 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
+    QFrame,
     QGridLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -54,6 +56,7 @@ class Composer(QWidget):
         self.submit_button.setShortcut("Ctrl+Return")
         self.submit_button.clicked.connect(self.submit)
         grid = QGridLayout()  # two fields a row: the dock leaves the requests table its rows
+        grid.setVerticalSpacing(3)
         for i, (label, field) in enumerate([("max tokens", self.max_tokens),
                                             ("temperature", self.temperature),
                                             ("n", self.n), ("cache salt", self.salt)]):
@@ -62,11 +65,27 @@ class Composer(QWidget):
         grid.addWidget(self.submit_button, 0, 4, 2, 1)
         grid.addWidget(self.chat, 2, 0, 1, 2)
         grid.addWidget(self.new_chat_button, 2, 2, 1, 2)
-        layout = QVBoxLayout(self)
+        for box, lines in ((self.transcript, 2), (self.prompt, 2)):  # they give way first
+            box.setMinimumHeight(lines * box.fontMetrics().lineSpacing()
+                                 + 2 * box.frameWidth() + 8)
+        self.form = QWidget()
+        layout = QVBoxLayout(self.form)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.setSpacing(4)
         layout.addWidget(self.transcript, 2)
         layout.addWidget(self.prompt, 1)
         layout.addLayout(grid)
+        # A dock shorter than the form scrolls it: the fields keep their height, never squeezed
+        # to unreadable slivers (a small window cannot give every dock its minimum).
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
+        scroll.setWidget(self.form)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+    def needed_height(self) -> int:
+        """The height that shows every field (and the transcript, in chat mode) unscrolled."""
+        return self.form.minimumSizeHint().height()
 
     def set_read_only(self, why: str | None) -> None:
         """Submitting is off (with `why` as the tooltip) while the source cannot change."""

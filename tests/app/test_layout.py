@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import bare_window, open_window, step
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QToolBar
 
 from kvscope.app.frames import RequestRow
@@ -157,4 +157,33 @@ def test_a_long_model_name_shows_its_start_in_the_narrow_model_box(qtbot, tmp_pa
     edit = box.lineEdit()
     assert edit.fontMetrics().horizontalAdvance(box.currentText()) > edit.width()  # too long
     qtbot.waitUntil(lambda: edit.cursorRect().left() < 8)  # scrolled to its start, not its end
+    w.close()
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1600, 1000)])
+def test_the_prompt_fields_keep_their_height_and_chat_mode_grows_the_dock(qtbot, tmp_path, size):
+    """A short Prompt dock once squeezed its fields to unreadable slivers; now they keep their
+    height (the form scrolls), and ticking "chat" makes room for the transcript where the
+    window has it."""
+    w = bare_window(qtbot, tmp_path, size=size)
+    c = w.composer
+    fields = [c.prompt, c.max_tokens, c.temperature, c.n, c.salt, c.submit_button, c.chat]
+
+    def squeezed() -> list:  # below the minimum the layout would give (set, else hinted)
+        return [f for f in fields if f.isVisible()
+                and f.height() < (f.minimumHeight() or f.minimumSizeHint().height())]
+
+    assert squeezed() == []
+    if size == (1280, 720):  # the default layout shows every field of a plain prompt unscrolled
+        assert c.form.height() <= c.form.parentWidget().height()
+    before = w.docks["requests"].height()
+    qtbot.mouseClick(c.chat, Qt.LeftButton, pos=QPoint(8, c.chat.height() // 2))  # the box
+    assert c.chat.isChecked()
+    fields += [c.transcript, c.new_chat_button]
+    qtbot.waitUntil(lambda: c.transcript.isVisible() and c.new_chat_button.isVisible())
+    qtbot.waitUntil(lambda: w.docks["requests"].height() < before)  # the dock grew
+    assert squeezed() == []
+    if size == (1600, 1000):  # room for all of it: nothing to scroll
+        qtbot.waitUntil(lambda: c.form.parentWidget().height() >= c.needed_height())
+    assert w.size().width() == size[0] and w.size().height() == size[1]
     w.close()
