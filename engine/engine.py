@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kvscope.engine import events as ev
-from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams, check_text
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
 from kvscope.engine.lab.dead import dead_blocks_in_pool
@@ -128,7 +128,8 @@ class Engine:
             raise TypeError(f"cache_salt must be a str or None, not {type(cache_salt).__name__}")
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
-        problem = _not_text(prompt, "the prompt") or _not_text(cache_salt, "the cache salt")
+        problem = _why_not_text(prompt, "the prompt") or _why_not_text(cache_salt,
+                                                                        "the cache salt")
         if problem:
             ids = []
         elif isinstance(prompt, str):
@@ -155,7 +156,7 @@ class Engine:
         try:
             ids = [operator.index(t) for t in prompt]
         except TypeError:
-            bad = next(t for t in prompt if not _is_int(t))
+            bad = next(t for t in prompt if not hasattr(t, "__index__"))
             return [], f"token ids must be integers, got {type(bad).__name__} {bad!r:.40}"
         if ids and not (min(ids) >= 0 and max(ids) < vocab):
             bad = next(t for t in ids if not 0 <= t < vocab)
@@ -536,20 +537,12 @@ def _first_stop(text: str, stops, start: int) -> int | None:
     return min(found) if found else None
 
 
-def _is_int(x) -> bool:
+def _why_not_text(value, what: str) -> str | None:
+    """Why a str cannot be encoded (a lone surrogate, say), or None: the request is rejected
+    with it, the rest are served."""
     try:
-        operator.index(x)
-    except TypeError:
-        return False
-    return True
-
-
-def _not_text(value, what: str) -> str | None:
-    """Why a str cannot be encoded (a lone surrogate, say), or None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return f"{what} is not valid Unicode text: {e.reason} at character {e.start}"
+        if isinstance(value, str):
+            check_text(value, what)
+    except ValueError as e:
+        return str(e)
     return None
