@@ -221,12 +221,19 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0) if batch else 0, context_lens.data_ptr(), out.data_ptr(), batch,
         heads, kv_heads, d, block_size, k_cache.shape[0], scale, torch.get_num_threads())
+    _check(status, "decode attention: no memory for the score rows")
+    return out
+
+
+def _check(status: int, out_of_memory: str) -> None:
+    """Raise for a kernel's error status (the codes of cpu_kernels.c)."""
+    if status == -3:
+        raise IndexError("store_kv: slot out of range")
     if status == -2:
         raise IndexError("decode attention: a block table is too short or names a block "
                          "outside the pool")
     if status != 0:
-        raise MemoryError("decode attention: no memory for the score rows")
-    return out
+        raise MemoryError(out_of_memory)
 
 
 MASK_ENTRIES = 1 << 24
@@ -346,13 +353,7 @@ class DecoderWeights:
             sin.data_ptr(), slot_mapping.data_ptr(), block_tables.data_ptr(),
             block_tables.stride(0), context_lens.data_ptr(), block_size, num_blocks,
             torch.get_num_threads())
-        if status == -3:
-            raise IndexError("store_kv: slot out of range")
-        if status == -2:
-            raise IndexError("decode attention: a block table is too short or names a block "
-                             "outside the pool")
-        if status != 0:
-            raise MemoryError("decode step: no memory for the layer buffers")
+        _check(status, "decode step: no memory for the layer buffers")
         return True
 
 
