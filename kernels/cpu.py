@@ -42,7 +42,8 @@ _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared"]
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """kvscope's cache folder (``$XDG_CACHE_HOME/kvscope``, else ``~/.cache/kvscope``)."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "kvscope"
 
@@ -86,7 +87,7 @@ def load() -> ctypes.CDLL | None:
         source = _SOURCE.read_bytes()
         key = hashlib.sha256(source + " ".join(_FLAGS).encode()
                              + platform.node().encode() + os.uname().machine.encode())
-        target = _cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+        target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
         if not target.exists() and not _compile(_SOURCE, target):
             log.info("no C compiler for kvscope's CPU kernels: using torch's ops")
             return None

