@@ -211,6 +211,9 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.docks["requests"], self.docks["tree"]],
                          [int(w * 0.33), int(w * 0.27)], Qt.Horizontal)
         self.resizeDocks([self.docks["timeline"]], [int(h * 0.3)], Qt.Vertical)
+        # the right column's halves: the tree, and Details / Text (a prompt needs lines)
+        self.resizeDocks([self.docks["tree"], self.docks["details"]], [h // 2, h // 2],
+                         Qt.Vertical)
         self.resizeDocks([self.docks["requests"], self.docks["composer"]],
                          [int(h * 0.4), self._composer_height()], Qt.Vertical)
 

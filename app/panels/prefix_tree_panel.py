@@ -149,6 +149,14 @@ def label_text(node: TreeNode) -> str:
     return texts[0] if texts else ""
 
 
+FIT_PADDING = 0.08  # of the forest's extent, on each side, when fitted
+
+
+def _padded(lo: float, hi: float, pad: float) -> tuple[float, float]:
+    span = (hi - lo) or 1.0  # one node, or one row: a unit around it
+    return lo - pad * span, hi + pad * span
+
+
 class PrefixTreePanel(QWidget):
     block_clicked = Signal(object)
 
@@ -302,10 +310,22 @@ class PrefixTreePanel(QWidget):
         self.highlight(self._highlighted)
 
     def fit(self) -> None:
-        """Show the whole forest (double-click brings this back)."""
-        if len(self._xs):
-            self.vb.setRange(xRange=(self._xs.min(), self._xs.max()),
-                             yRange=(self._ys.min(), self._ys.max()), padding=0.08)
+        """Show the whole forest (double-click brings this back), with room above the top row
+        and below the bottom one for half a label: in a short dock 8 % of the range is fewer
+        pixels than that, and the root's label (its identity) would not be drawn."""
+        if not len(self._xs):
+            return
+        margin = self._label_px() / 2 + 2
+        height = self.vb.height()
+        pad = FIT_PADDING
+        if height > 4 * margin:
+            pad = max(pad, margin / (height - 2 * margin))
+        self.vb.setRange(xRange=_padded(self._xs.min(), self._xs.max(), FIT_PADDING),
+                         yRange=_padded(self._ys.min(), self._ys.max(), pad), padding=0)
+
+    def _label_px(self) -> float:
+        """A label's height in px."""
+        return self._row_px or QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
 
     def _slot_pixels(self) -> float:
         """Screen pixels between two neighbouring leaves (x slots) at the current zoom."""
@@ -375,7 +395,7 @@ class PrefixTreePanel(QWidget):
         wanted = []
         if self._candidates and x1 > x0 and y1 > y0 and width > 0 and height > 0:
             sx, sy = width / (x1 - x0), height / (y1 - y0)
-            row_px = self._row_px or QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
+            row_px = self._label_px()
             gap = (self._sizes(self._slot_px or 1.0) / 2 + 3).tolist()  # px from the centre
             xs, ys = self._xs.tolist(), self._ys.tolist()
             rows: dict[int, list[tuple[float, float]]] = {}

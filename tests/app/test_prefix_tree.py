@@ -364,3 +364,24 @@ def test_hovering_a_node_explains_it_in_words_not_raw_coordinates(qtbot):
     qtbot.waitUntil(lambda: panel.plot.toolTip() == node_text(shared, snap))
     assert panel.plot.toolTip().startswith("5 blocks") and "x:" not in panel.plot.toolTip()
     assert panel.info.text() == panel.plot.toolTip()
+
+
+@pytest.mark.parametrize("height", [120, 150, 400])
+def test_a_short_tree_view_still_labels_its_root_and_its_deepest_run(qtbot, height):
+    """Fitted into a short dock (the 1280x720 layout), 8 % of the range was fewer pixels than
+    half a label: the root's label (its identity) and the leaf's were cut and not drawn."""
+    panel = PrefixTreePanel()
+    qtbot.addWidget(panel)
+    panel.resize(380, height)
+    panel.show()
+    qtbot.waitExposed(panel)
+    mgr = KVCacheManager(64, BS)
+    mgr.admit(1, SHARED_PREFIX)  # one chain: a root and one run of 5 blocks below it
+    panel.set_snapshot(mgr.snapshot())
+    panel.fit()
+    panel.set_snapshot(mgr.snapshot())
+    texts = [label.toPlainText() for label in shown_labels(panel)]
+    assert any(t.startswith("×5") for t in texts), texts
+    assert len(texts) == 2, texts  # and the root's
+    ys = sorted(label.pos().y() for label in shown_labels(panel))
+    assert ys[0] != ys[1]  # one per row: the root above, the run below
