@@ -4,13 +4,16 @@ A decode step is a chain of matrix-vector products plus ~70 small ops per layer.
 ``linear`` goes to MKL, which on this project's AMD machines streams the weights of a one-row
 product at about 0.35 of the memory read bandwidth; the C kernel streams each weight row once and
 reaches about 0.8. The small-op chains (RMSNorm, rotary, SiLU-and-multiply, the KV store,
-paged decode attention) each become one call.
+paged decode attention) each become one call, and a whole decode step's decoder layers one call
+in all (``DecoderWeights``). Prefill attention uses torch's fused attention
+(``prefill_attention``).
 
 The library is compiled on first use with the system C compiler (as triton compiles its
 launchers), cached by source hash under ``~/.cache/kvscope``. Without a compiler, or with
-``KVSCOPE_CPU_KERNELS=0``, every function here returns None (or False) and callers use torch;
-that setting also keeps the weights where torch put them (``hugepage_weights``), so it gives the
-plain-torch engine for comparisons.
+``KVSCOPE_CPU_KERNELS=0``, every C-backed function here returns None (or False) and callers use
+torch (``prefill_attention`` is torch's own and runs either way); that setting also keeps the
+weights where torch put them (``hugepage_weights``), so it gives the plain-torch engine for
+comparisons.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 16  # token rows up to which the C kernels replace torch's small ops
 # The linear kernel reads each weight once for all rows but is not a blocked GEMM: measured on
-# the SmolLM2 shapes here, 0.55x torch's time at 1 row, 0.8x at 8, even at 12, 1.2x at 16.
+# the SmolLM2 shapes here (the 30 layers' products, weights from memory, one thread), 0.6x
+# torch's time at 8 rows, 0.76x at 12, even at 16, 1.14x at 20.
 LINEAR_MAX_ROWS = 12
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared"]
@@ -246,7 +250,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
     (``scaled_dot_product_attention``, its CPU flash kernel) in place of explicit score and
     softmax tensors: 4x faster from a few hundred tokens on (SmolLM2's shapes, one thread), and
     without a prefix the causal mask lets it skip the upper triangle. Any cache dtype (fp8 read
-    back through its scale); computed in float32 like the reference."""
+    back through its scale); computed in float32 like the reference. ``max_seqlen_q`` is
+    unused (the lengths are walked on the host anyway)."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for b, ctx in enumerate(context_lens.tolist()):
@@ -305,10 +310,12 @@ class DecoderWeights:
                   "wg": (intermediate, hidden), "bg": (intermediate,),
                   "wu": (intermediate, hidden), "bu": (intermediate,),
                   "wd": (hidden, intermediate), "bd": (hidden,)}
-        self.usable = bool(layers) and _f32(*self._tensors) and all(
-            (t is None and name in _OPTIONAL) or (t is not None and tuple(t.shape) == shapes[name])
-            for layer in layers for name, t in ((n, layer.get(n)) for n in LAYER_FIELDS)) and all(
-            (layer["q_norm"] is None) == (layer["k_norm"] is None) for layer in layers)
+        def fits(layer) -> bool:
+            return (all(tuple(t.shape) == shapes[name] if t is not None else name in _OPTIONAL
+                        for name, t in ((n, layer.get(n)) for n in LAYER_FIELDS))
+                    and (layer.get("q_norm") is None) == (layer.get("k_norm") is None))
+
+        self.usable = bool(layers) and _f32(*self._tensors) and all(map(fits, layers))
         self._array = (_Layer * len(layers))()
         if self.usable:
             for row, layer in zip(self._array, layers, strict=True):
