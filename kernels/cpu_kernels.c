@@ -334,8 +334,8 @@ static void add_rows(float *x, const float *y, int64_t n) {
  * slots, block tables and context lengths as for kv_store_f32 / kv_decode_attention_f32.
  * Returns 0, -1 out of memory, -2 a block table out of range, -3 a slot out of range. */
 int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv_cache,
-                         float *x, int64_t B,
-                         int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t inter,
+                         float *x, int64_t B, int64_t hidden, int64_t H, int64_t Hkv, int64_t D,
+                         int64_t inter,
                          float eps, float scale, const float *cos_, const float *sin_,
                          const int64_t *slots, const int32_t *block_tables,
                          int64_t table_stride, const int32_t *context_lens, int64_t BS,
@@ -346,7 +346,7 @@ int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv
     float *q = h + B * hidden, *k = q + B * qw, *v = k + B * kvw, *o = v + B * kvw;
     float *g = o + B * qw, *u = g + B * inter, *y = u + B * inter;
     int status = 0;
-    for (int64_t l = 0; l < n_layers && status == 0; l++) {
+    for (int64_t l = 0; l < n_layers; l++) {
         const kv_layer_f32 *L = layers + l;
         float *k_cache = kv_cache + 2 * l * num_blocks * BS * kvw;
         float *v_cache = k_cache + num_blocks * BS * kvw;
