@@ -36,10 +36,13 @@ from kvscope.kernels import reference
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 16  # token rows up to which the C kernels replace torch's small ops
+# Token rows up to which the C kernels replace torch's small ops, and up to which a decode
+# step runs in one C call (DecoderWeights: its products included, even with torch's at 16 rows,
+# and no per-op Python calls: on a small model those are most of a step).
+MAX_ROWS = 16
 # The linear kernel reads each weight once for all rows but is not a blocked GEMM: measured on
 # the SmolLM2 shapes here (the 30 layers' products, weights from memory, one thread), 0.6x
-# torch's time at 8 rows, 0.76x at 12, even at 16, 1.14x at 20.
+# torch's time at 8 rows, 0.76x at 12, even at 16, 1.14x at 20. Alone, it takes up to 12.
 LINEAR_MAX_ROWS = 12
 _SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared"]
@@ -340,7 +343,7 @@ class DecoderWeights:
         applicable."""
         hidden, heads, kv_heads, head_dim, inter = self.dims
         batch = x.shape[0] if x.dim() == 2 else 0
-        if (not self.usable or not 0 < batch <= LINEAR_MAX_ROWS or x.shape[1] != hidden
+        if (not self.usable or not 0 < batch <= MAX_ROWS or x.shape[1] != hidden
                 or not _f32(x, cos, sin, kv_cache) or cos.shape != (batch, 1, head_dim)
                 or sin.shape != cos.shape or kv_cache.dim() != 6
                 or kv_cache.shape[0] != self.num_layers or kv_cache.shape[1] != 2

@@ -225,14 +225,22 @@ int kv_store_f32(const float *key, const float *value, float *k_cache, float *v_
     return 0;
 }
 
-/* out[D] = sum_t w[t] * v row of position t, accumulated in registers 64 columns at a time. */
+/* Walks positions t = 0 .. n-1 of a sequence with `slot`, its row in the cache: block by block
+ * through the table, no division per position (a 64-bit division costs more than the
+ * arithmetic on a 64-float row). */
+#define EACH_POSITION(t, slot, n, table, BS)                                                  \
+    for (int64_t t = 0, blk_ = 0; t < (n); blk_++)                                            \
+        for (int64_t slot = (int64_t)(table)[blk_] * (BS), end_ = t + (BS) < (n) ? t + (BS) : (n); \
+             t < end_; t++, slot++)
+
+/* out[D] = sum_t w[t] * v row of position t, accumulated in registers: 64 columns at a time,
+ * then 16, then one. */
 static void weighted_rows(const float *w, int64_t n, const float *v_cache, const int32_t *table,
                           int64_t BS, int64_t Hkv, int64_t g, int64_t D, float *out) {
     int64_t c = 0;
     for (; c + 64 <= D; c += 64) {
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t slot = (int64_t)table[t / BS] * BS + t % BS;
+        EACH_POSITION(t, slot, n, table, BS) {
             const float *v = v_cache + (slot * Hkv + g) * D + c;
             a0 += w[t] * ld(v);
             a1 += w[t] * ld(v + 16);
@@ -244,12 +252,14 @@ static void weighted_rows(const float *w, int64_t n, const float *v_cache, const
         memcpy(out + c + 32, &a2, sizeof a2);
         memcpy(out + c + 48, &a3, sizeof a3);
     }
+    for (; c + 16 <= D; c += 16) {
+        v16 a = {0};
+        EACH_POSITION(t, slot, n, table, BS) a += w[t] * ld(v_cache + (slot * Hkv + g) * D + c);
+        memcpy(out + c, &a, sizeof a);
+    }
     for (; c < D; c++) {
         float a = 0.0f;
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t slot = (int64_t)table[t / BS] * BS + t % BS;
-            a += w[t] * v_cache[(slot * Hkv + g) * D + c];
-        }
+        EACH_POSITION(t, slot, n, table, BS) a += w[t] * v_cache[(slot * Hkv + g) * D + c];
         out[c] = a;
     }
 }
@@ -289,8 +299,7 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
             continue;
         }
         const float *qg = q + (b * H + g * group) * D;
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t slot = (int64_t)table[t / BS] * BS + t % BS;
+        EACH_POSITION(t, slot, n, table, BS) {
             const float *k = k_cache + (slot * Hkv + g) * D;
             for (int64_t j = 0; j < group; j++) p[j * n + t] = dot(qg + j * D, k, D) * scale;
         }

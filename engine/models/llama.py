@@ -164,7 +164,8 @@ class LlamaForCausalLM(nn.Module):
     def _decode_in_c(self, x, cos, sin, ctx: AttentionContext) -> bool:
         """A float32 CPU decode step with the "cpu" kernels: every layer in one C call
         (``cpu.DecoderWeights``), the same kernels in the same order as the layers' own
-        forwards, without their ~400 Python-level calls. False (nothing done) otherwise."""
+        forwards (their products too, up to ``cpu.LINEAR_MAX_ROWS`` rows), without their ~400
+        Python-level calls. False (nothing done) otherwise."""
         if (x.dtype != torch.float32 or not _decode_sized(x) or not ctx.is_decode
                 or ctx.kv_cache is None or ctx.kv_amax is not None or ctx.kernels is None
                 or ctx.kernels.name != "cpu"):

@@ -85,9 +85,10 @@ def test_store_writes_the_same_slots_as_the_reference():
 
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_attention_matches_dense(group, threads):
+@pytest.mark.parametrize("head_dim", [64, 32, 88])  # 64-column, 16-column and scalar steps
+def test_decode_attention_matches_dense(group, threads, head_dim):
     torch.set_num_threads(threads)
-    lengths, kv_heads, head_dim, block_size = [1, 17, 64, 130], 3, 64, 16
+    lengths, kv_heads, block_size = [1, 17, 64, 130], 3, 16
     k_cache, v_cache, tables, dense = build_paged(lengths, kv_heads, head_dim, block_size,
                                                   torch.float32, seed=group)
     q = torch.randn(len(lengths), kv_heads * group, head_dim)
