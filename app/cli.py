@@ -265,21 +265,40 @@ def describe_engine(engine, model: str) -> str:
 
 # -------------------------------------------------------------------------------- commands
 @contextlib.contextmanager
-def _term_interrupts():
-    """SIGTERM and SIGHUP stop a run as Ctrl+C does (the recording is finished, not cut)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+def _signals(names: tuple[str, ...], handler):
+    """`handler` for these signals (those the platform has) inside the block; the main thread
+    only, where Python runs signal handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {n: signal.signal(getattr(signal, n), interrupt) for n in names}
+    old = {n: signal.signal(getattr(signal, n), handler) for n in names if hasattr(signal, n)}
     try:
         yield
     finally:
-        for n, handler in old.items():
-            signal.signal(getattr(signal, n), handler)
+        for n, previous in old.items():
+            signal.signal(getattr(signal, n), previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _term_interrupts():
+    """SIGTERM and SIGHUP stop a run as Ctrl+C does (the recording is finished, not cut)."""
+    return _signals(("SIGTERM", "SIGHUP"), _raise_interrupt)
+
+
+def _between_steps(stop: threading.Event):
+    """While a run steps the engine, Ctrl+C, SIGTERM and SIGHUP set `stop`, checked between
+    steps, instead of raising wherever the main thread is: an exception inside a step could cut
+    it in half, or land after the engine counted it and before the recorder got it (a recording
+    with a gap in its steps). A second signal raises at once (a step that never ends)."""
+    def interrupt(signum, frame):
+        if stop.is_set():
+            _raise_interrupt(signum, frame)
+        stop.set()
+
+    return _signals(("SIGINT", "SIGTERM", "SIGHUP"), interrupt)
 
 
 @_term_interrupts()
@@ -306,13 +325,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     # \r redraws only on a terminal: in a log or a pipe they would pile up as garbage
     show = not args.no_progress and sys.stderr.isatty()
     bar = ProgressBar(sys.stderr, label=path.stem) if show else None
-    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
-    interrupted = False
+    stop = threading.Event()  # set by a signal; an idle wait for the next arrival ends at once
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None,
+                            sleep=stop.wait)
     try:
-        result = runner.run()
-    except KeyboardInterrupt:
-        interrupted = True
-        runner.stop()
+        with _between_steps(stop):
+            while not stop.is_set() and (wait := runner.advance()) is not None:
+                if wait > 0:
+                    runner.sleep(wait)
+        interrupted = stop.is_set()
+        if interrupted:
+            runner.stop()
         result = runner.result
     finally:
         if bar:
