@@ -301,6 +301,20 @@ def _between_steps(stop: threading.Event):
     return _signals(("SIGINT", "SIGTERM", "SIGHUP"), interrupt)
 
 
+def run_until_signal(runner: WorkloadRunner) -> bool:
+    """Run the workload to its end, or until Ctrl+C, SIGTERM or SIGHUP (taken between steps,
+    see `_between_steps`; then everything in flight is cancelled). True if interrupted."""
+    stop = threading.Event()
+    runner.sleep = stop.wait  # an idle wait for the next arrival ends at once on a signal
+    with _between_steps(stop):
+        while not stop.is_set() and (wait := runner.advance()) is not None:
+            if wait > 0:
+                runner.sleep(wait)
+    if stop.is_set():
+        runner.stop()
+    return stop.is_set()
+
+
 @_term_interrupts()
 def cmd_run(args: argparse.Namespace) -> int:
     if args.record_text and not args.record:
@@ -325,17 +339,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # \r redraws only on a terminal: in a log or a pipe they would pile up as garbage
     show = not args.no_progress and sys.stderr.isatty()
     bar = ProgressBar(sys.stderr, label=path.stem) if show else None
-    stop = threading.Event()  # set by a signal; an idle wait for the next arrival ends at once
-    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None,
-                            sleep=stop.wait)
+    runner = WorkloadRunner(engine, workload, on_progress=bar.update if bar else None)
     try:
-        with _between_steps(stop):
-            while not stop.is_set() and (wait := runner.advance()) is not None:
-                if wait > 0:
-                    runner.sleep(wait)
-        interrupted = stop.is_set()
-        if interrupted:
-            runner.stop()
+        interrupted = run_until_signal(runner)
         result = runner.result
     finally:
         if bar:

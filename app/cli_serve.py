@@ -40,6 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format_summary,
         load_engine,
         resolve_workload,
+        run_until_signal,
     )
     from kvscope.engine.workload import WorkloadRunner, load_workload, summarize
     from kvscope.sessions.kv_events import KVEventPublisher
@@ -55,10 +56,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + (f", replay on {pub.replay_endpoint}" if pub.replay_endpoint else ""), flush=True)
     try:
         time.sleep(args.wait)
-        result = WorkloadRunner(engine, workload).run()
-        print(format_summary(summarize(engine, result)))
+        runner = WorkloadRunner(engine, workload)
+        interrupted = run_until_signal(runner)  # a step is published whole, or not at all
+        print(format_summary(summarize(engine, runner.result)))
         print(f"published {pub.seq} batches, {pub.num_blocks_published} block events",
               flush=True)
+        if interrupted:
+            print("interrupted: unfinished requests were cancelled")
+            return 130
         time.sleep(args.wait)
     finally:
         pub.close()

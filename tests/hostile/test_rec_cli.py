@@ -81,20 +81,19 @@ def test_one_default_pool_said_in_help(capsys):
     assert f"default: {DEFAULT_CPU_BLOCKS} on the CPU" in " ".join(out.split())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_inside_a_step_still_records_that_step(tmp_path, monkeypatch, capsys, sig):
-    """The signal arrives while the engine hands a step to its subscribers, before the
-    recorder's turn: raised there, the recorder never got that step and the file had a gap
-    ("steps are not contiguous", seen once in a full test run). It is now taken between steps."""
+def signal_inside_step_5(monkeypatch, sig) -> list:
+    """The engine `kvscope` loads next sends this process `sig` while it hands step 5 to its
+    subscribers, before the recorder's or publisher's turn (subscribed first). Returns the
+    steps it saw, as they come."""
     import os
 
-    path = tmp_path / "run.kvscope"
-    real = cli.load_engine
+    real, seen = cli.load_engine, []
 
     def load_engine(args):
         engine = real(args)
 
-        def signal_at_step_5(update):  # subscribed before the recorder: runs first
+        def signal_at_step_5(update):
+            seen.append(update.record.step)
             if update.record.step == 5:
                 os.kill(os.getpid(), sig)
 
@@ -102,6 +101,16 @@ def test_a_signal_inside_a_step_still_records_that_step(tmp_path, monkeypatch, c
         return engine
 
     monkeypatch.setattr(cli, "load_engine", load_engine)
+    return seen
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_inside_a_step_still_records_that_step(tmp_path, monkeypatch, capsys, sig):
+    """The signal arrives while the engine hands a step to its subscribers, before the
+    recorder's turn: raised there, the recorder never got that step and the file had a gap
+    ("steps are not contiguous", seen once in a full test run). It is now taken between steps."""
+    path = tmp_path / "run.kvscope"
+    signal_inside_step_5(monkeypatch, sig)
     code = cli.main(["run", "--workload", "eviction_pressure", "--num-blocks", "48",
                      "--threads", "1", "--record", str(path)])
     out = capsys.readouterr().out
@@ -109,3 +118,17 @@ def test_a_signal_inside_a_step_still_records_that_step(tmp_path, monkeypatch, c
     with SessionReader(path) as s:
         assert s.meta.complete and s.verify() == []
         assert 6 <= s.num_steps < 400  # step 5 and the cancellations' step, not the whole run
+
+
+def test_serve_stops_between_steps_too(monkeypatch, capsys):
+    """`kvscope serve`: the step being published when Ctrl+C comes is published whole, then
+    the run stops, says so and how much it published (it used to end in "interrupted" with the
+    publisher cut mid-step)."""
+    seen = signal_inside_step_5(monkeypatch, signal.SIGINT)
+    code = cli.main(["serve", "--kv-events", "tcp://127.0.0.1:*", "--workload",
+                     "eviction_pressure", "--num-blocks", "48", "--wait", "1"])
+    out = capsys.readouterr().out
+    assert code == 130, out
+    assert "interrupted: unfinished requests were cancelled" in out
+    assert any(line.startswith("published ") for line in out.splitlines())
+    assert 6 <= len(seen) < 400 and seen == list(range(len(seen)))
