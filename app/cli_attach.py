@@ -15,7 +15,6 @@ writes a .kvscope session (the hash slots, step by step) that replays like any o
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -75,10 +74,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from kvscope.sessions.kv_events.session import AttachSession
     from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS
 
-    if args.record and not args.overwrite and os.path.exists(args.record):
-        print(f"kvscope: error: {args.record} exists (replace it with --overwrite)",
-              file=sys.stderr)
-        return 2
+    if args.record:  # refused in one line, nothing created (CliError: exit 2)
+        from pathlib import Path
+
+        from kvscope.app.cli import check_record_path
+
+        check_record_path(Path(args.record), args.overwrite)
     parity = HashParity(HashSettings(args.hash_check, args.hash_seed)) if args.hash_check \
         else None
     try:

@@ -128,3 +128,23 @@ def test_a_run_where_some_requests_are_rejected_says_why_and_exits_0(kvscope, wo
     assert err.strip().splitlines() == [
         "kvscope: 1 of 2 requests were rejected: prompt (37 tokens) + max_tokens (2) needs 10 "
         "blocks of 4 tokens; the KV pool has only 3"]
+
+
+@pytest.mark.parametrize("where, words", [
+    ("existing", "exists (pass --overwrite to replace it)"),
+    ("missing folder", "does not exist"),
+    ("a folder", "is a folder; give a file name"),
+])
+def test_attach_record_path_is_checked_like_run(kvscope, tmp_path, where, words):
+    """`kvscope attach --headless --record` refuses a file it must not or cannot write in one
+    line, before listening, as `kvscope run --record` does; nothing is created or changed."""
+    target = {"existing": tmp_path / "s.kvscope", "missing folder": tmp_path / "no" / "s.kvscope",
+              "a folder": tmp_path}[where]
+    if where == "existing":
+        target.write_bytes(b"keep me")
+    before = sorted(os.listdir(tmp_path))
+    assert_one_line_error(kvscope("attach", "tcp://127.0.0.1:1", "--headless", "--duration",
+                                  "0.1", "--record", target), "--record:", words)
+    assert sorted(os.listdir(tmp_path)) == before
+    if where == "existing":
+        assert target.read_bytes() == b"keep me"
