@@ -150,15 +150,6 @@ class Bandwidth:
         return max(self.samples)
 
 
-def weight_bytes(model) -> int:
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
-
-
 def median_of(results: dict[str, list[Run]], name: str, field: str) -> float:
     """Median over repeats (end to end) or over every decode step of every repeat."""
     runs = results[name]
@@ -187,7 +178,7 @@ def main() -> None:
     tok = engine.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    nbytes = weight_bytes(engine.loaded.model)
+    nbytes = engine.runner.weight_bytes
     bandwidth = Bandwidth()
     bandwidth.sample()
     print(f"SmolLM2-135M-Instruct float32, {args.threads} thread(s), torch {torch.__version__}, "

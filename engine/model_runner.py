@@ -112,13 +112,14 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """The model's parameters (tied ones once), plus the prepacked copies made so far."""
+        """The model's parameters (tied ones once): what a decode step reads. The prepacked
+        copies are ``prepacked_weight_bytes``."""
         seen, total = set(), 0
         for p in self.model.parameters():
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 total += p.numel() * p.element_size()
-        return total + self.prepacked_weight_bytes
+        return total
 
     @property
     def prepacked_weight_bytes(self) -> int:
