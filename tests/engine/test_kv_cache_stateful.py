@@ -119,9 +119,16 @@ class CacheMachine(RuleBasedStateMachine):
         assert refs == pool.ref_count
         assert all(refs[b] == 0 for b in pool.free_queue)
         assert len(pool.free_queue) == sum(r == 0 for r in refs)
+        holders = {}  # hash -> every block holding it, in registration order
         for h, b in pool.hash_to_block.items():
-            assert pool.block_hash[b] == h
-        assert sum(h is not None for h in pool.block_hash) == len(pool.hash_to_block)
+            holders[h] = [b, *pool.copies.get(h, [])]
+        assert set(pool.copies) <= set(pool.hash_to_block)
+        for h, blocks in holders.items():
+            assert all(pool.block_hash[b] == h for b in blocks) and blocks
+            seqs = [pool.cached_seq[b] for b in blocks]
+            assert seqs == sorted(seqs)  # a lookup takes the earliest registered copy
+        assert sorted(b for bs in holders.values() for b in bs) == \
+            [b for b, h in enumerate(pool.block_hash) if h is not None]
         snap = mgr.snapshot()
         assert (snap.num_free_blocks + snap.num_active_blocks + snap.num_cached_blocks
                 == self.num_blocks)

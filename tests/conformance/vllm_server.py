@@ -1,0 +1,56 @@
+"""A stand-in for a vLLM server's KV-event side made of vLLM's own parts: its KVCacheManager
+makes the events and its ZmqEventPublisher publishes them (one batch per scheduler step, as
+vllm/v1/core/sched/scheduler.py does), on a PUB port and a replay ROUTER port."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from pool_sides import VllmSide
+from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    def __init__(self, num_blocks: int = 64, block_size: int = 16, port: int | None = None,
+                 replay_port: int | None = None, topic: str = ""):
+        self.port, self.replay_port = port or free_port(), replay_port or free_port()
+        self.num_blocks, self.block_size, self.topic = num_blocks, block_size, topic
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.replay = f"tcp://127.0.0.1:{self.replay_port}"
+        self.publisher = None
+        self.start()
+
+    def start(self) -> None:
+        """A fresh server: an empty cache, and a publisher counting from sequence 0."""
+        self.pending: list = []
+        self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend)
+        self.num_batches = 0
+        self.publisher = ZmqEventPublisher(0, f"tcp://*:{self.port}",
+                                           f"tcp://*:{self.replay_port}", topic=self.topic)
+
+    def restart(self) -> None:
+        self.publisher.shutdown()
+        self.start()
+
+    def step(self) -> None:
+        """Publish what the calls since the last step produced, as one batch (none if none)."""
+        if self.pending:
+            self.publisher.publish(KVEventBatch(ts=time.time(), events=list(self.pending)))
+            self.pending.clear()
+            self.num_batches += 1
+
+    def wait_published(self, timeout_s: float = 5.0) -> None:
+        """Until the publisher thread has sent everything queued."""
+        deadline = time.monotonic() + timeout_s
+        while self.publisher._event_queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.publisher.shutdown()
