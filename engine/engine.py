@@ -126,6 +126,7 @@ class Engine:
                             f"{type(prompt).__name__}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a str or None, not {type(cache_salt).__name__}")
+        cache_salt = cache_salt or None  # as vLLM: an empty salt is no salt
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
         problem = _why_not_text(prompt, "the prompt") or _why_not_text(cache_salt,

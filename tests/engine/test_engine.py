@@ -153,6 +153,15 @@ def test_warm_prefix_is_served_from_the_cache(tiny_llama):
     assert warm.metrics.ttft_s is not None and warm.metrics.prompt_tokens == 127
 
 
+def test_an_empty_cache_salt_is_no_salt_as_in_vllm(tiny_llama):
+    engine = make(tiny_llama)
+    system = prompt(120, seed=50)
+    engine.generate([system + prompt(7, seed=51)], GREEDY)
+    empty = engine.generate([system + prompt(7, seed=52)], GREEDY, cache_salt="")[0]
+    salted = engine.generate([system + prompt(7, seed=53)], GREEDY, cache_salt="t")[0]
+    assert (empty.num_cached_tokens, salted.num_cached_tokens) == (120, 0)
+
+
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny_llama):
     p = prompt(12, seed=60)
     sampled = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=3, ignore_eos=True)
