@@ -230,7 +230,7 @@ def load_engine(args: argparse.Namespace):
     import torch
 
     from kvscope.engine import Engine, EngineConfig
-    from kvscope.engine.loader import ModelLoadError
+    from kvscope.engine.models.load import ModelLoadError
 
     if args.threads is not None and args.threads > cpu_cores():
         raise CliError(f"--threads {args.threads}: this process may use {cpu_cores()} CPUs; "

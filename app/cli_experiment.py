@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from kvscope.engine.loader import ModelLoadError
+    from kvscope.engine.models.load import ModelLoadError
     from kvscope.sessions.errors import SessionError
 
     try:

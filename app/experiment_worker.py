@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from kvscope.app.engine_host import set_engine_threads
     from kvscope.engine.experiments import Control, run
-    from kvscope.engine.loader import ModelLoadError
+    from kvscope.engine.models.load import ModelLoadError
 
     set_engine_threads()  # all cores but the window's one
     try:

@@ -41,7 +41,7 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from kvscope.engine.loader import load_model, resolve_model  # noqa: E402
+from kvscope.engine.models.load import load_model, resolve_model  # noqa: E402
 
 try:
     from transformers import ContinuousBatchingConfig

@@ -30,8 +30,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from kvscope.engine.loader import LoadedModel, ModelLoadError, load_model  # noqa: E402
 from kvscope.engine.model_runner import ModelRunner, SeqChunk  # noqa: E402
+from kvscope.engine.models.load import LoadedModel, ModelLoadError, load_model  # noqa: E402
 
 BLOCK_SIZE = 16
 CACHES = [("auto", "unit"), ("float16", "unit"), ("bfloat16", "unit"), ("fp8", "unit"),

@@ -43,7 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from kvscope.engine.loader import load_model  # noqa: E402
+from kvscope.engine.models.load import load_model  # noqa: E402
 from kvscope.engine.stream import StepQueue
 from kvscope.sessions import Recorder, SessionReader  # noqa: E402
 from kvscope.sessions import recorder as recorder_module  # noqa: E402

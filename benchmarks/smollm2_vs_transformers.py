@@ -41,7 +41,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from kvscope.engine.gguf_loader import smollm2_path  # noqa: E402
+from kvscope.engine.models.gguf import smollm2_path  # noqa: E402
 from kvscope.kernels import hugepage_weights  # noqa: E402
 
 TEXT = ("The history of computing is a story of layers: each generation of engineers built "

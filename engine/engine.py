@@ -20,9 +20,9 @@ from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingPara
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
 from kvscope.engine.lab.dead import dead_blocks_in_pool
-from kvscope.engine.loader import LoadedModel, load_model
 from kvscope.engine.metrics import RequestMetrics, StepRecord
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
+from kvscope.engine.models.load import LoadedModel, load_model
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.request import Request, Status
 from kvscope.engine.sampler import make_generator, sample

@@ -19,9 +19,9 @@ from itertools import accumulate
 import torch
 
 from kvscope import kernels
-from kvscope.engine.loader import LoadedModel
 from kvscope.engine.models.attention import AttentionContext
 from kvscope.engine.models.llama import Linear
+from kvscope.engine.models.load import LoadedModel
 
 FP8_HEADROOM = 2.0  # calibrated scale maps 2x the observed max to 448
 

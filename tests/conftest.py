@@ -28,7 +28,7 @@ def _one_torch_thread():
 def smollm2_model():
     """SmolLM2-135M-Instruct, loaded once per session (the wheel comes with scripts/setup.sh).
     Missing, it FAILS the tests that need it, with the pip command: never a silent skip."""
-    from kvscope.engine.loader import ModelLoadError, load_model
+    from kvscope.engine.models.load import ModelLoadError, load_model
 
     try:
         return load_model("smollm2")

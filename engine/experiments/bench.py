@@ -17,7 +17,7 @@ FIRST_TOKEN = 3  # below: special tokens in most vocabularies (bos, eos, pad)
 
 class Bench:
     def __init__(self, model: str = "demo", control: Control | None = None, device: str = "cpu"):
-        from kvscope.engine.loader import load_model
+        from kvscope.engine.models.load import load_model
 
         self.model, self.device = model, device
         self.control = control or Control()

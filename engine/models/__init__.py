@@ -1,35 +1,20 @@
-"""Model implementations and the architecture registry."""
+"""Model implementations: one Llama-shaped class for every row of `architectures.ARCHITECTURES`
+(quirks are `ModelConfig` flags)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from kvscope.engine.models.config import (
-    SUPPORTED_ARCHITECTURES,
-    ModelConfig,
-    UnsupportedModelError,
-)
+from kvscope.engine.models.architectures import by_hf_name, supported
+from kvscope.engine.models.config import ModelConfig, UnsupportedModelError
 from kvscope.engine.models.llama import LlamaForCausalLM
-
-# HF `architectures` name -> our implementation (all Llama-shaped; quirks are config flags).
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {arch: LlamaForCausalLM
-                                              for arch in SUPPORTED_ARCHITECTURES}
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
-    try:
-        return MODEL_REGISTRY[architecture]
-    except KeyError:
+    if by_hf_name(architecture) is None:
         raise UnsupportedModelError(
-            f"unsupported architecture {architecture!r}; supported: "
-            + ", ".join(MODEL_REGISTRY)) from None
+            f"unsupported architecture {architecture!r}; supported: {supported()}")
+    return LlamaForCausalLM
 
 
-__all__ = [
-    "MODEL_REGISTRY",
-    "SUPPORTED_ARCHITECTURES",
-    "LlamaForCausalLM",
-    "ModelConfig",
-    "UnsupportedModelError",
-    "get_model_class",
-]
+__all__ = ["LlamaForCausalLM", "ModelConfig", "UnsupportedModelError", "get_model_class"]

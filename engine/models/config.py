@@ -12,13 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.engine.config import shown
+from kvscope.engine.models.architectures import by_hf_name, supported
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -87,12 +82,11 @@ class ModelConfig:
         if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
             raise UnsupportedModelError(f"config.json: architectures must be a list of names, "
                                         f"got {shown(archs)}")
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next((by_hf_name(a) for a in archs if by_hf_name(a)), None)
         if arch is None:
             found = ", ".join(archs) if archs else "none listed in config.json"
             raise UnsupportedModelError(
-                f"unsupported architecture ({found}); supported: "
-                + ", ".join(SUPPORTED_ARCHITECTURES))
+                f"unsupported architecture ({found}); supported: {supported()}")
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
@@ -109,25 +103,13 @@ class ModelConfig:
                                         f"num_attention_heads ({num_heads})")
         theta, rope_scaling = _parse_rope(cfg)
 
-        qkv_bias = o_bias = mlp_bias = qk_norm = False
         sliding_window = None
-        if arch == "LlamaForCausalLM":
-            qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-            mlp_bias = bool(cfg.get("mlp_bias", False))
-        elif arch == "MistralForCausalLM":
+        if arch.sliding_window == "always" or (arch.sliding_window and
+                                               cfg.get(arch.sliding_window)):
             sliding_window = _field(cfg, "sliding_window", "size", None)
-        elif arch == "Qwen2ForCausalLM":
-            qkv_bias = True
-            if cfg.get("use_sliding_window"):
-                sliding_window = _field(cfg, "sliding_window", "size", None)
-        elif arch == "Qwen3ForCausalLM":
-            qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
-            qk_norm = True
-            if cfg.get("use_sliding_window"):
-                sliding_window = _field(cfg, "sliding_window", "size", None)
 
         return cls(
-            architecture=arch,
+            architecture=arch.hf_name,
             vocab_size=_field(cfg, "vocab_size", "size"),
             hidden_size=hidden,
             intermediate_size=_field(cfg, "intermediate_size", "size"),
@@ -140,10 +122,10 @@ class ModelConfig:
             max_position_embeddings=_field(cfg, "max_position_embeddings", "size", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-            mlp_bias=mlp_bias,
-            qk_norm=qk_norm,
+            qkv_bias=arch.flag("qkv_bias", cfg),
+            o_bias=arch.flag("o_bias", cfg),
+            mlp_bias=arch.flag("mlp_bias", cfg),
+            qk_norm=arch.flag("qk_norm", cfg),
             sliding_window=sliding_window,
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=_field(cfg, "bos_token_id", "token", None),

@@ -13,8 +13,8 @@ from gpucheck.report import Report
 from gpucheck.tensors import free_memory, time_call
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.host_sync import no_host_sync
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
+from kvscope.engine.models.load import load_model
 
 
 def check_sync(report: Report, folder: Path, plan: Plan, device) -> None:

@@ -33,7 +33,7 @@ BS = 16
 
 
 def tokenizer():
-    from kvscope.engine.loader import _load_tokenizer
+    from kvscope.engine.models.load import _load_tokenizer
 
     return _load_tokenizer(Path(__file__).parents[2] / "resources" / "demo")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.engine import Engine, EngineConfig
-from kvscope.engine.loader import load_model
+from kvscope.engine.models.load import load_model
 from kvscope.engine.workload import WorkloadError, WorkloadRunner, load_workload, parse_workload
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"

@@ -10,7 +10,7 @@ import torch
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine import events as ev
-from kvscope.engine.loader import load_model
+from kvscope.engine.models.load import load_model
 from kvscope.engine.stream import StepQueue
 
 BS = 4

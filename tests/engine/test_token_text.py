@@ -9,7 +9,7 @@ from kvscope.engine.token_text import TokenPieces, piece_ends, split_at, token_p
 
 
 def test_pieces_join_to_the_decoded_text_one_per_token():
-    from kvscope.engine.loader import _load_tokenizer
+    from kvscope.engine.models.load import _load_tokenizer
 
     tok = _load_tokenizer(Path(__file__).parents[2] / "resources" / "demo")
     text = "Hello wörld — naïve café 日本語!\n  two  spaces and 🙂 emoji"

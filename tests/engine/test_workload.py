@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
-from kvscope.engine.loader import load_model
+from kvscope.engine.models.load import load_model
 from kvscope.engine.workload import (
     WorkloadError,
     WorkloadRunner,

@@ -11,7 +11,7 @@ import torch
 from hostile_testutil import write_jsonl
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
-from kvscope.engine.loader import load_model
+from kvscope.engine.models.load import load_model
 
 BAD_SAMPLING = [
     ({"temperature": 1e-300}, "temperature"), ({"temperature": math.nan}, "temperature"),

@@ -18,9 +18,9 @@ from model_testutil import (
     random_prompt,
 )
 
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.models.llama import LlamaForCausalLM
+from kvscope.engine.models.load import load_model
 from kvscope.kernels import cpu
 
 BLOCK_SIZE = 8

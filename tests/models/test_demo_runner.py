@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from model_testutil import BlockAllocator, PagedSeq, greedy_decode
 
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.load import load_model
 
 DEMO_DIR = Path(str(importlib.resources.files("kvscope.resources") / "demo"))
 MAX_LOAD_SECONDS = 3.0

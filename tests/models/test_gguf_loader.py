@@ -20,9 +20,9 @@ from model_testutil import (
     random_prompt,
 )
 
-from kvscope.engine.gguf_loader import SUPPORTED_QUANT_TYPES
-from kvscope.engine.loader import ModelLoadError, load_model
 from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.gguf import SUPPORTED_QUANT_TYPES
+from kvscope.engine.models.load import ModelLoadError, load_model
 
 # Row length 256: the K-quants' block size.
 CFG = dict(vocab_size=32, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
@@ -183,8 +183,8 @@ def test_the_tokenizer_built_from_a_gguf_file_is_kept_and_read_back_the_same(
     time."""
     import types
 
-    from kvscope.engine import gguf_loader
-    from kvscope.engine.gguf_loader import smollm2_path
+    from kvscope.engine.models import gguf as gguf_loader
+    from kvscope.engine.models.gguf import smollm2_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path, reader = smollm2_path(), types.SimpleNamespace(fields={"tokenizer.ggml.model": 0})

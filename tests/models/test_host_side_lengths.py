@@ -11,8 +11,8 @@ from model_testutil import BlockAllocator, PagedSeq, random_prompt
 
 from kvscope import kernels
 from kvscope.engine.host_sync import HostSyncError, no_host_sync
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
+from kvscope.engine.models.load import load_model
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from model_testutil import (
     random_prompt,
 )
 
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.load import load_model
 
 STEPS = 64
 BLOCK_SIZE = 4

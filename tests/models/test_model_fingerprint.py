@@ -9,8 +9,8 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from kvscope.engine import loader
-from kvscope.engine.loader import ModelLoadError, load_model, model_fingerprint
+from kvscope.engine.models import load as loader
+from kvscope.engine.models.load import ModelLoadError, load_model, model_fingerprint
 
 
 @pytest.fixture

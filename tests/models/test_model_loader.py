@@ -10,9 +10,9 @@ import torch
 from model_testutil import LOGIT_ATOL, build_tiny_model, random_prompt
 from safetensors.torch import load_file, save_file
 
-from kvscope.engine.loader import ModelLoadError, load_model, resolve_model
 from kvscope.engine.model_runner import ModelRunner
-from kvscope.engine.models import SUPPORTED_ARCHITECTURES
+from kvscope.engine.models.architectures import ARCHITECTURES
+from kvscope.engine.models.load import ModelLoadError, load_model, resolve_model
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_unsupported_architecture_names_the_supported_ones(llama_dir):
         load_model(llama_dir)
     msg = str(err.value)
     assert "unsupported architecture (GPT2LMHeadModel)" in msg
-    assert all(arch in msg for arch in SUPPORTED_ARCHITECTURES)
+    assert all(a.hf_name in msg for a in ARCHITECTURES)
     assert "\n" not in msg
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from model_testutil import LOGIT_ATOL, BlockAllocator, PagedSeq, greedy_decode, random_prompt
 
-from kvscope.engine.loader import load_model
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
+from kvscope.engine.models.load import load_model
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 64

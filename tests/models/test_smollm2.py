@@ -13,8 +13,8 @@ import transformers
 from model_testutil import BlockAllocator, PagedSeq, greedy_decode
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
-from kvscope.engine.gguf_loader import smollm2_path
 from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.gguf import smollm2_path
 from kvscope.engine.models.llama import Linear
 from kvscope.kernels import cpu
 

@@ -19,7 +19,7 @@ POISON = 2  # prompts are drawn from 3..319: a forward pass computing token 2 ra
 
 def make_engine(model_dir, **kw):
     from kvscope.engine.engine import Engine  # torch: only where an engine runs
-    from kvscope.engine.loader import load_model
+    from kvscope.engine.models.load import load_model
 
     cfg = dict(block_size=BS, num_blocks=40, max_num_batched_tokens=48, max_num_seqs=8)
     cfg.update(kw)

