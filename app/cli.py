@@ -25,15 +25,10 @@ from pathlib import Path
 
 from kvscope.app import cli_attach, cli_experiment, cli_lab, cli_serve
 from kvscope.app.engine_host import cpu_cores, set_engine_threads
-from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine import policies
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, check_text
-from kvscope.engine.workload import (
-    RunSummary,
-    WorkloadError,
-    WorkloadRunner,
-    load_workload,
-    summarize,
-)
+from kvscope.lab.workload import WorkloadError, load_workload
+from kvscope.lab.workload_run import RunSummary, WorkloadRunner, summarize
 
 DEFAULT_MODEL = "demo"
 DEFAULT_WORKLOAD = "shared_system_prompt"
@@ -168,7 +163,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
-    g.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="lru",
+    g.add_argument("--eviction-policy", choices=policies.names(), default="lru",
                    help="which cached block is reused first (default: lru, as vLLM)")
     g.add_argument("--no-kv-cache", action="store_true",
                    help="the naive loop: recompute every sequence at every step")

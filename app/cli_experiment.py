@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvscope.engine.experiments import EXPERIMENTS, Cancelled, Control, Result
+from kvscope.lab.experiments import EXPERIMENTS, Cancelled, Control, Result
 
 
 def add_parser(sub) -> None:
@@ -61,7 +61,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
         SessionReader(args.session).close()  # refuse a missing or foreign file before running
     from kvscope.app.engine_host import set_engine_threads
-    from kvscope.engine.experiments import run
+    from kvscope.lab.experiments import run
 
     set_engine_threads()
     print(f"{args.name}: {EXPERIMENTS[args.name].claim}", flush=True)

@@ -1,5 +1,5 @@
 """`kvscope lab TRACE ...`: what-if replay of a request trace at several pool sizes and
-eviction policies, with the Belady and infinite-cache ceilings (see kvscope.engine.lab)."""
+eviction policies, with the Belady and infinite-cache ceilings (see kvscope.lab)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvscope.engine.lab import report
-from kvscope.engine.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
-from kvscope.engine.lab.traces import FORMATS, TraceError
-from kvscope.engine.lab.whatif import MODES
+from kvscope.lab import report
+from kvscope.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
+from kvscope.lab.traces import FORMATS, TraceError
+from kvscope.lab.whatif import MODES
 from kvscope.sessions.lab_input import load_lab_input
 
 
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pool-blocks", type=_positive, nargs="+", default=None, metavar="N",
                    help="pool sizes in blocks (default: 1/32, 1/8 and 1/2 of the blocks an "
                    "infinite cache would hold)")
-    p.add_argument("--policy", nargs="+", choices=report.POLICIES, default=["lru", "belady"],
+    p.add_argument("--policy", nargs="+", choices=report.lab_policies(), default=["lru", "belady"],
                    help="eviction policies (default: lru belady)")
     p.add_argument("--mode", choices=MODES, default="sequential",
                    help="sequential: each request admitted then freed in order; timed: "
@@ -81,7 +81,7 @@ def _lab(args: argparse.Namespace) -> int:
           f"{trace.num_unchained_ids:,}); block size {args.block_size}, {args.mode} mode")
     sizes = args.pool_blocks
     if sizes is None:
-        from kvscope.engine.lab import ceilings
+        from kvscope.lab import ceilings
 
         total = ceilings.distinct_blocks(ceilings.segment_stream(trace, args.block_size))
         sizes = sorted({max(1, total // 32), max(1, total // 8), max(1, total // 2)})

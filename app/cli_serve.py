@@ -42,7 +42,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         resolve_workload,
         run_until_signal,
     )
-    from kvscope.engine.workload import WorkloadRunner, load_workload, summarize
+    from kvscope.lab.workload import load_workload
+    from kvscope.lab.workload_run import WorkloadRunner, summarize
     from kvscope.sessions.kv_events import KVEventPublisher
 
     workload = load_workload(resolve_workload(args.workload))

@@ -325,7 +325,7 @@ class EngineHost:
         self._publish(force=True)
 
     def _run_workload(self, workload) -> None:
-        from kvscope.engine.workload import WorkloadRunner
+        from kvscope.lab.workload_run import WorkloadRunner
 
         if self.runner is not None:
             self.runner.stop()

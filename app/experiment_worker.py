@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     from kvscope.app.engine_host import set_engine_threads
-    from kvscope.engine.experiments import Control, run
     from kvscope.engine.models.load import ModelLoadError
+    from kvscope.lab.experiments import Control, run
 
     set_engine_threads()  # all cores but the window's one
     try:

@@ -8,11 +8,19 @@ from pathlib import Path
 
 from kvscope.app import palette
 from kvscope.app.plot_png import write_plot_png
-from kvscope.engine.lab.report import Row
+from kvscope.lab.report import Row, lab_policies
 
 COLORS = {"lru": palette.ACTIVE_COLOR, "fifo": palette.SHARED_COLOR,
           "lfu": palette.DECODE_COLOR, "belady": palette.CACHED_COLOR,
           "infinite": palette.EVICTED_COLOR}
+OTHER_COLORS = (palette.PREFILL_COLOR, "#f0e442", "#000000")  # the rest of Okabe-Ito's
+
+
+def color(policy: str) -> str:
+    """A policy's colour: its own, or one of the spare ones by its place in the table."""
+    if policy in COLORS:
+        return COLORS[policy]
+    return OTHER_COLORS[lab_policies().index(policy) % len(OTHER_COLORS)]
 
 
 def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
@@ -29,13 +37,13 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
     xs, ys = zip(*lru_curve, strict=True)
     item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(COLORS["lru"], width=2),
               name="lru (one pass)")
-    for policy in ("lru", "fifo", "lfu", "belady"):
+    for policy in lab_policies():
         pts = sorted((r.pool_blocks, r.token_hit_ratio) for r in rows if r.policy == policy)
         if pts:
             px, py = zip(*pts, strict=True)
             item.plot(px, [100 * y for y in py],
-                      pen=None if policy == "lru" else pg.mkPen(COLORS[policy], width=2),
-                      symbol="o", symbolBrush=COLORS[policy], symbolPen=None,
+                      pen=None if policy == "lru" else pg.mkPen(color(policy), width=2),
+                      symbol="o", symbolBrush=color(policy), symbolPen=None,
                       name=None if policy == "lru" else policy)
     for r in rows:
         if r.policy == "infinite":

@@ -14,12 +14,12 @@ import numpy as np
 
 from kvscope.app.frames import Frame, RequestRow, evicted_at
 from kvscope.app.sources import MAX_EVENTS, FrameSource
+from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
-from kvscope.engine.lab.dead import dead_blocks_in_pool
-from kvscope.engine.lab.traces import Trace
-from kvscope.engine.lab.whatif import block_hashes
 from kvscope.engine.metrics import StepRecord
+from kvscope.lab.traces import Trace
+from kvscope.lab.whatif import block_hashes
 from kvscope.sessions import SessionError
 
 DEAD_SAMPLES = 200  # steps at which the opening pass counts dead blocks, for the timeline

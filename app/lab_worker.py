@@ -7,7 +7,7 @@ import multiprocessing
 import queue
 from dataclasses import dataclass
 
-from kvscope.engine.lab.report import Row
+from kvscope.lab.report import Row
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class LabJob:
 
 
 def _work(job: LabJob, out) -> None:
-    from kvscope.engine.lab import report
-    from kvscope.engine.lab.traces import TraceError
+    from kvscope.lab import report
+    from kvscope.lab.traces import TraceError
     from kvscope.sessions.lab_input import load_lab_input
 
     try:

@@ -449,7 +449,7 @@ class MainWindow(QMainWindow):
             self.run_workload(Path(path))
 
     def run_workload(self, path: Path) -> None:
-        from kvscope.engine.workload import WorkloadError, load_workload
+        from kvscope.lab.workload import WorkloadError, load_workload
 
         try:
             workload = load_workload(path)
@@ -589,7 +589,7 @@ class MainWindow(QMainWindow):
                         limit: int) -> bool:
         """The Lab panel's what-if run, shown like a replay. A bad trace changes nothing."""
         from kvscope.app.lab_source import LabSource
-        from kvscope.engine.lab.traces import TraceError
+        from kvscope.lab.traces import TraceError
         from kvscope.sessions.lab_input import load_lab_input
 
         try:

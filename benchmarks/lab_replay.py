@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from kvscope.engine import KVCacheManager
-from kvscope.engine.lab import ceilings, whatif
-from kvscope.engine.lab.traces import load_trace
+from kvscope.lab import ceilings, whatif
+from kvscope.lab.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "engine"))

@@ -2,15 +2,9 @@
 
 As in vLLM v1: a block whose ref count drops to zero keeps its hash and waits ("cached"); a prefix
 hit takes it back in O(1); eviction is lazy, when a fresh block is needed. Free blocks without a
-hash are always reused before any cached block, most recently released first (vLLM puts them at
-the tail; they hold nothing reusable, so kvscope reuses them first). Among cached blocks the
-eviction policy decides:
-
-- ``lru`` (vLLM): least recently released first; a request releases its blocks tail first, so
-  the end of a chain goes before its head.
-- ``fifo``: the block whose hash was registered earliest goes first.
-- ``lfu``: fewest prefix hits since the block was cached first, least recently released among
-  equals.
+hash are always reused before any cached block, most recently released first (as vLLM 0.33,
+which prepends them to its free queue; earlier versions appended them). Among cached blocks the
+eviction policy decides (`kvscope.engine.policies`: lru as vLLM, fifo, lfu).
 
 Copies: as vLLM's `BlockHashToBlockMap`, a block that fills with content already cached under the
 same hash (a block-aligned prompt that fully hit recomputes its last block; a request filled a
@@ -25,14 +19,12 @@ replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n)
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 
 import numpy as np
 
 from kvscope.engine.block_hash import BlockHash
-
-EVICTION_POLICIES = ("lru", "fifo", "lfu")
+from kvscope.engine.policies import cached_set
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -56,84 +48,6 @@ class PoolCopy:
         return self._order
 
 
-class _LruCached:
-    """Cached blocks in release order: an OrderedDict is an O(1) linked set."""
-
-    def __init__(self):
-        self._queue: OrderedDict[int, None] = OrderedDict()
-
-    def push(self, block: int, pool: BlockPool) -> None:
-        self._queue[block] = None
-
-    def remove(self, block: int) -> None:
-        del self._queue[block]
-
-    def pop(self) -> int:
-        return self._queue.popitem(last=False)[0]
-
-    def clone(self) -> _LruCached:
-        new = _LruCached()
-        new._queue = self._queue.copy()
-        return new
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def order(self) -> list[int]:
-        return list(self._queue)
-
-
-class _HeapCached:
-    """Cached blocks in a heap on (policy key, release tick); removal is lazy: an entry counts
-    only while it carries its block's current tick."""
-
-    def __init__(self, key):
-        self._key = key  # (pool, block) -> the policy's sort key, read at release
-        self._heap: list[tuple] = []
-        self._tick: dict[int, int] = {}  # block -> tick of its live entry
-        self._ticks = 0
-
-    def push(self, block: int, pool: BlockPool) -> None:
-        self._ticks += 1
-        self._tick[block] = self._ticks
-        heapq.heappush(self._heap, (self._key(pool, block), self._ticks, block))
-        if len(self._heap) > 2 * len(self._tick) + 64:  # drop stale entries, keeps O(n) memory
-            self._heap = [e for e in self._heap if self._tick.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
-
-    def remove(self, block: int) -> None:
-        del self._tick[block]
-
-    def clone(self) -> _HeapCached:
-        new = _HeapCached(self._key)
-        new._heap, new._tick, new._ticks = self._heap[:], self._tick.copy(), self._ticks
-        return new
-
-    def pop(self) -> int:
-        while True:
-            _, tick, block = heapq.heappop(self._heap)
-            if self._tick.get(block) == tick:
-                del self._tick[block]
-                return block
-
-    def __len__(self) -> int:
-        return len(self._tick)
-
-    def order(self) -> list[int]:
-        return [b for _, t, b in sorted(self._heap) if self._tick.get(b) == t]
-
-
-def _cached_set(policy: str):
-    if policy == "lru":
-        return _LruCached()
-    if policy == "fifo":
-        return _HeapCached(lambda pool, b: pool.cached_seq[b])
-    if policy == "lfu":
-        return _HeapCached(lambda pool, b: pool.hits[b])
-    raise ValueError(f"eviction policy must be one of {', '.join(EVICTION_POLICIES)}, "
-                     f"got {policy!r}")
-
-
 class BlockPool:
     def __init__(self, num_blocks: int, evicted_history: int = 1 << 18,
                  eviction_policy: str = "lru"):
@@ -150,12 +64,12 @@ class BlockPool:
         self.last_use = [-1] * num_blocks
         # Free blocks without a hash, head = next to reuse; then the cached ones.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached = _cached_set(eviction_policy)
+        self._cached = cached_set(eviction_policy)
         self.hash_to_block: dict[BlockHash, int] = {}  # hash -> the copy a lookup takes
         self.copies: dict[BlockHash, list[int]] = {}  # hash -> its later copies, oldest first
         # Parents of first blocks: chain roots (one per identity), which are never blocks.
         # With them a resident block whose parent is neither resident nor a root is known to be
-        # unreachable (see kvscope.engine.lab.dead).
+        # unreachable (see kvscope.engine.dead).
         self.chain_roots: set[BlockHash] = set()
         # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
         self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
@@ -228,7 +142,7 @@ class BlockPool:
         order = queued[np.argsort(snap.lru_rank[queued], kind="stable")]
         is_hashed = snap.block_hash[order] != 0
         pool._free = OrderedDict.fromkeys(order[~is_hashed].tolist())
-        if isinstance(pool._cached, _LruCached):  # release order is the queue, as it is
+        if pool._cached.keeps_release_order:  # release order is the queue, as it is
             pool._cached._queue = OrderedDict.fromkeys(order[is_hashed].tolist())
         else:
             for b in order[is_hashed].tolist():
@@ -338,7 +252,7 @@ class BlockPool:
         for b in blocks:
             self._drop_hash(b, self.block_hash[b], step, "reset")
         # Blocks that are now plain free go before anything else, lowest id first.
-        self._cached = _cached_set(self.eviction_policy)
+        self._cached = cached_set(self.eviction_policy)
         for b in reversed(blocks):
             if self.ref_count[b] == 0:
                 self._free[b] = None

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from reprlib import Repr
 
-from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine import policies
 
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
@@ -106,9 +106,9 @@ class EngineConfig:
                              f"{shown(self.gpu_memory_fraction)}")
         _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events",
                           "prepack_cpu_weights"))
-        if self.eviction_policy not in EVICTION_POLICIES:
+        if policies.check(self.eviction_policy):
             raise ValueError(f"{own}.eviction_policy must be one of "
-                             f"{', '.join(EVICTION_POLICIES)}, got {shown(self.eviction_policy)}")
+                             f"{', '.join(policies.names())}, got {shown(self.eviction_policy)}")
 
 
 DEFAULT_CPU_BLOCKS = 2048

@@ -17,9 +17,9 @@ import torch
 
 from kvscope.engine import events as ev
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams, check_text
+from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
-from kvscope.engine.lab.dead import dead_blocks_in_pool
 from kvscope.engine.metrics import RequestMetrics, StepRecord
 from kvscope.engine.model_runner import ModelRunner, SeqChunk
 from kvscope.engine.models.load import LoadedModel, load_model
@@ -226,7 +226,7 @@ class Engine:
 
     def dead_blocks(self) -> np.ndarray:
         """Cached blocks no lookup can reach any more, an ancestor in their chain having been
-        evicted (engine/lab/dead.py); costs about a microsecond per cached block."""
+        evicted (engine/dead.py); costs about a microsecond per cached block."""
         return np.flatnonzero(dead_blocks_in_pool(self.manager.pool))
 
     def explain_miss(self, request_id: int) -> MissExplanation:

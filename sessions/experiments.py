@@ -15,7 +15,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.result import Result
 from kvscope.sessions import schema
 from kvscope.sessions.errors import CorruptSessionError, MissingSessionError, NotASessionError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscope.engine.lab.traces import LabRequest, Trace, TraceError, detect_format, load_trace
+from kvscope.lab.traces import LabRequest, Trace, TraceError, detect_format, load_trace
 from kvscope.sessions.errors import SessionError
 from kvscope.sessions.reader import SessionReader
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.engine.block_pool import EVICTION_POLICIES
+from kvscope.engine import policies
 from kvscope.engine.config import shown
 from kvscope.engine.events import Event, EventKind
 from kvscope.engine.metrics import StepRecord
@@ -228,7 +228,7 @@ class SessionReader:
         d["record_text"], d["complete"] = bool(d["record_text"]), bool(d["complete"])
         self.meta = SessionMeta(**d)
         self._policy = self.meta.engine_config.get("eviction_policy", "lru")
-        if self._policy not in EVICTION_POLICIES:
+        if policies.check(self._policy):
             raise CorruptSessionError(f"{self.path}: damaged session: unknown eviction policy "
                                       f"{shown(self._policy)} in the metadata")
         index = conn.execute("SELECT step, captured FROM steps ORDER BY step").fetchall()
@@ -428,7 +428,7 @@ class SessionReader:
         return schema.explanation_from_row(rows[0]) if rows else None
 
     def experiments(self) -> list:
-        """The experiment results saved in this session (kvscope.engine.experiments.Result),
+        """The experiment results saved in this session (kvscope.lab.experiments.Result),
         oldest first; none in a file that never had one."""
         from kvscope.sessions.experiments import load_experiments
 

@@ -1,4 +1,4 @@
-"""engine/, kernels/ and sessions/ never import Qt, pyqtgraph or the app, nor does the engine
+"""engine/, kernels/, lab/ and sessions/ never import Qt, pyqtgraph or the app, nor does the engine
 process's entry module; opening a recording never needs torch. Checked by walking every import
 statement in those files."""
 
@@ -29,7 +29,7 @@ def files(folder):
     return sorted((ROOT / folder).rglob("*.py"))
 
 
-@pytest.mark.parametrize("folder", ["engine", "kernels", "sessions"])
+@pytest.mark.parametrize("folder", ["engine", "kernels", "lab", "sessions"])
 def test_core_folders_never_import_qt_or_the_app(folder):
     assert files(folder), f"{folder}/ has no Python files"
     offenders = [
@@ -38,6 +38,16 @@ def test_core_folders_never_import_qt_or_the_app(folder):
         for name in imported_modules(path)
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("folder", ["engine", "kernels", "lab"])
+def test_the_layers_below_sessions_never_import_it(folder):
+    """engine/ and kernels/ sit below lab/, which sits below sessions/ (and app/)."""
+    above = ("kvscope.sessions", "kvscope.lab") if folder != "lab" else ("kvscope.sessions",)
+    offenders = [f"{path.relative_to(ROOT)} imports {name}"
+                 for path in files(folder) for name in imported_modules(path)
+                 if any(name == a or name.startswith(a + ".") for a in above)]
     assert not offenders, offenders
 
 
@@ -80,7 +90,7 @@ def test_consumers_use_the_step_stream_and_the_public_api_only():
     .requests: the recorder, the engine process, workloads, benchmarks and scripts consume the
     step stream and the public API."""
     own = {"engine.py", "scheduler.py", "kv_cache_manager.py"}
-    paths = [p for folder in ("app", "sessions", "benchmarks", "scripts", "engine")
+    paths = [p for folder in ("app", "sessions", "lab", "benchmarks", "scripts", "engine")
              for p in files(folder) if not (folder == "engine" and p.name in own)]
     offenders = [hit for p in paths for hit in engine_internals_used(p)]
     assert not offenders, offenders

@@ -33,8 +33,8 @@ from PySide6.QtWidgets import (
 
 from kvscope.app import palette
 from kvscope.app.panels.plot_grid import Grid
-from kvscope.engine import capacity as cap
-from kvscope.engine.capacity import GIB, InvalidConfigError, KVShape
+from kvscope.lab import capacity as cap
+from kvscope.lab.capacity import GIB, InvalidConfigError, KVShape
 
 KIND_COLORS = {"MHA": palette.EVICTED_COLOR, "GQA": palette.ACTIVE_COLOR,
                "MQA": palette.CACHED_COLOR}

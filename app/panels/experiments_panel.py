@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.experiment_plot import draw_result
-from kvscope.engine.experiments import EXPERIMENTS, Result
-from kvscope.engine.experiments.result import cell
+from kvscope.lab.experiments import EXPERIMENTS, Result
+from kvscope.lab.experiments.result import cell
 
 
 class ExperimentsPanel(QWidget):

@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.lab_plot import draw_curves
 from kvscope.app.lab_worker import LabJob, LabRun
-from kvscope.engine.block_pool import EVICTION_POLICIES
-from kvscope.engine.lab.report import POLICIES, Row
-from kvscope.engine.lab.whatif import MODES
+from kvscope.engine import policies
+from kvscope.lab.report import Row, lab_policies
+from kvscope.lab.whatif import MODES
 
 POLL_MS = 100
 
@@ -77,7 +77,7 @@ class LabPanel(QWidget):
         self.limit.setToolTip("Replay the first N requests of the trace")
         self.mode = QComboBox()
         self.mode.addItems(MODES)
-        self.policy_boxes = {p: QCheckBox(p) for p in POLICIES}
+        self.policy_boxes = {p: QCheckBox(p) for p in lab_policies()}
         for p in ("lru", "belady"):
             self.policy_boxes[p].setChecked(True)
         self.run_button = QPushButton("Run")
@@ -183,7 +183,7 @@ class LabPanel(QWidget):
             return
         policy, size = "lru", job.pool_sizes[0]
         row = self.table.currentRow()
-        if 0 <= row < len(self.rows) and self.rows[row].policy in EVICTION_POLICIES:
+        if 0 <= row < len(self.rows) and self.rows[row].policy in policies.POLICIES:
             policy, size = self.rows[row].policy, self.rows[row].pool_blocks
         self.open_requested.emit(job.path, size, job.block_size, policy, job.limit)
 

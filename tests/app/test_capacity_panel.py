@@ -10,7 +10,7 @@ from image_compare import ARTIFACTS, to_array
 from PySide6.QtCore import Qt
 
 from kvscope.app.panels.capacity_panel import KIND_COLORS, CapacityPanel
-from kvscope.engine.capacity import GIB
+from kvscope.lab.capacity import GIB
 
 # config.json files as Hugging Face ships them (meta-llama/Llama-3.1-8B-Instruct and -70B-).
 ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtGui import QImage
 
 from kvscope.app.cli import main
-from kvscope.engine.experiments import EXPERIMENTS
+from kvscope.lab.experiments import EXPERIMENTS
 from kvscope.sessions import SessionReader
 
 OLD = Path(__file__).resolve().parents[1] / "data" / "session_before_step_stream.kvscope"

@@ -67,7 +67,7 @@ def test_a_model_that_does_not_load_is_one_line_in_the_verdict(qtbot):
 
 
 def test_saved_results_are_shown_without_running(qtbot):
-    from kvscope.engine.experiments import warmup
+    from kvscope.lab.experiments import warmup
 
     panel = panel_for(qtbot, "fp8")
     saved = warmup.summarize([[1, 2.0, 9.0], [2, 1.0, 4.0], [3, 1.0, 4.1]])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pyqtgraph as pg
 
 from kvscope.app.panels.lab_panel import LabPanel
-from kvscope.engine.lab import report
-from kvscope.engine.lab.traces import load_trace
+from kvscope.lab import report
+from kvscope.lab.traces import load_trace
 
 HEAD = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head200.jsonl"
 

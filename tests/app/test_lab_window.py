@@ -18,9 +18,9 @@ from test_time_cursor import rendered
 from kvscope.app import palette
 from kvscope.app.lab_source import LabSource
 from kvscope.engine import events as ev
-from kvscope.engine.lab import report, whatif
-from kvscope.engine.lab.dead import dead_blocks_in_pool
-from kvscope.engine.lab.traces import load_trace
+from kvscope.engine.dead import dead_blocks_in_pool
+from kvscope.lab import report, whatif
+from kvscope.lab.traces import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HEAD = DATA / "mooncake_conversation_head200.jsonl"

@@ -10,8 +10,8 @@ import pytest
 from pool_sides import OurSide, VllmSide, content_names
 from traffic import Req, mooncake, multi_turn, play
 
-from kvscope.engine.lab import whatif
-from kvscope.engine.lab.traces import load_trace
+from kvscope.lab import whatif
+from kvscope.lab.traces import load_trace
 
 DATA = Path(__file__).parent.parent / "data"
 

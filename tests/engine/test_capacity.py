@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kvscope.engine import capacity
-from kvscope.engine.capacity import GIB, InvalidConfigError, KVShape
+from kvscope.lab import capacity
+from kvscope.lab.capacity import GIB, InvalidConfigError, KVShape
 
 # config.json of meta-llama/Llama-3.1-8B-Instruct as Hugging Face ships it (no head_dim key:
 # head_dim = hidden_size / num_attention_heads = 4096 / 32 = 128).
@@ -178,7 +178,7 @@ def test_presets_match_the_shipped_configs():
 
 
 def test_capacity_module_is_torch_and_qt_free():
-    code = ("import sys, kvscope.engine.capacity; "
+    code = ("import sys, kvscope.lab.capacity; "
             "print(sorted(m for m in ('torch', 'PySide6', 'pyqtgraph') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

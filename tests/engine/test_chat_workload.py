@@ -10,7 +10,8 @@ import pytest
 
 from kvscope.engine import Engine, EngineConfig
 from kvscope.engine.models.load import load_model
-from kvscope.engine.workload import WorkloadError, WorkloadRunner, load_workload, parse_workload
+from kvscope.lab.workload import WorkloadError, load_workload, parse_workload
+from kvscope.lab.workload_run import WorkloadRunner
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
 BS = 16

@@ -9,7 +9,8 @@ from pathlib import Path
 from kvscope.engine import Engine
 from kvscope.engine import events as ev
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig
-from kvscope.engine.workload import WorkloadRunner, load_workload
+from kvscope.lab.workload import load_workload
+from kvscope.lab.workload_run import WorkloadRunner
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "workloads" / "demo.jsonl"
 PACE_S = 1 / 8  # app/main_window.py DEMO_PACE

@@ -3,8 +3,8 @@ ideal lines, capacity, and each verdict built from rows a fake clock would give.
 
 import pytest
 
-from kvscope.engine.capacity import KVShape, kv_bytes_per_token
-from kvscope.engine.experiments import (
+from kvscope.lab.capacity import KVShape, kv_bytes_per_token
+from kvscope.lab.experiments import (
     block_size,
     capacity,
     fp8,
@@ -13,7 +13,7 @@ from kvscope.engine.experiments import (
     warm_prefix,
     warmup,
 )
-from kvscope.engine.experiments.fit import (
+from kvscope.lab.experiments.fit import (
     ideal_warm,
     linear_fit,
     quadratic_fit,

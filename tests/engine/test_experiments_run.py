@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from kvscope.engine.experiments import EXPERIMENTS, Cancelled, Control, run
-from kvscope.engine.experiments.bench import Bench
+from kvscope.lab.experiments import EXPERIMENTS, Cancelled, Control, run
+from kvscope.lab.experiments.bench import Bench
 
 
 @pytest.fixture(scope="module")

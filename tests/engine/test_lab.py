@@ -13,10 +13,10 @@ import pytest
 from plain_lru import plain_lru_hit_ratio
 
 from kvscope.engine import KVCacheManager
-from kvscope.engine.lab import ceilings, whatif
-from kvscope.engine.lab.dead import dead_blocks_in_pool, dead_blocks_in_snapshot
-from kvscope.engine.lab.residency import Residency
-from kvscope.engine.lab.traces import LabRequest, Trace, TraceError, load_trace
+from kvscope.engine.dead import dead_blocks_in_pool, dead_blocks_in_snapshot
+from kvscope.lab import ceilings, whatif
+from kvscope.lab.residency import Residency
+from kvscope.lab.traces import LabRequest, Trace, TraceError, load_trace
 
 HEAD = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head200.jsonl"
 BS = 16
@@ -218,7 +218,7 @@ def test_residency_lifetime_idle_and_reuse_gap_on_a_hand_made_trace(tmp_path):
     """4 blocks, lru. r0: A (2 full blocks + 1 token); r1: B (3 blocks) evicts A's tail;
     r2: A again hits A's head and evicts B's tail and middle; r3: C (4 blocks) evicts B's head
     (stored r1), A's new tail (stored r2) and A's head (stored r0, last hit r2)."""
-    from kvscope.engine.lab.residency import reuse_gaps
+    from kvscope.lab.residency import reuse_gaps
 
     trace = load_trace(write_bailian(tmp_path / "t.jsonl", [
         ([1, 2, 3], 33), ([4, 5, 6], 48), ([1, 2, 3], 33), ([7, 8, 9, 10], 64)]))

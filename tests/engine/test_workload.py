@@ -13,14 +13,8 @@ import pytest
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.models.load import load_model
-from kvscope.engine.workload import (
-    WorkloadError,
-    WorkloadRunner,
-    load_workload,
-    parse_workload,
-    percentile,
-    summarize,
-)
+from kvscope.lab.workload import WorkloadError, load_workload, parse_workload
+from kvscope.lab.workload_run import WorkloadRunner, percentile, summarize
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
 SHIPPED = ("shared_system_prompt", "multi_turn_chat", "eviction_pressure", "two_tenants",
@@ -144,7 +138,7 @@ def test_shipped_workloads_parse():
 
 
 def test_workload_module_does_not_import_torch():
-    code = "import sys, kvscope.engine.workload; sys.exit('torch' in sys.modules)"
+    code = "import sys, kvscope.lab.workload; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

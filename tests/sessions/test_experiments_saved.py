@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
-from kvscope.engine.experiments import run
+from kvscope.lab.experiments import run
 from kvscope.sessions import NotASessionError, Recorder, SessionReader
 from kvscope.sessions.errors import MissingSessionError
 from kvscope.sessions.experiments import save_experiment

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from kvscope.engine.config import EngineConfig, SamplingParams
-from kvscope.engine.lab import whatif
-from kvscope.engine.lab.traces import TraceError
+from kvscope.lab import whatif
+from kvscope.lab.traces import TraceError
 from kvscope.sessions import Recorder, SessionReader
 from kvscope.sessions.lab_input import load_lab_input
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from kvscope.engine.experiments.fit import linear_fit, spread
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.fit import linear_fit, spread
+from kvscope.lab.experiments.result import Result
 
 PROMPT = "prompt-length"
 PROMPT_CLAIM = ("Prompt length lands on time to first token (prefill grows with it); time per "

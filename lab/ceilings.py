@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvscope.engine.lab.traces import Trace
+from kvscope.lab.traces import Trace
 
 
 @dataclass

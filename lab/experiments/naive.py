@@ -3,8 +3,8 @@ cache, per-step latency over the sequence length and the total ratio."""
 
 from __future__ import annotations
 
-from kvscope.engine.experiments.fit import linear_fit, quadratic_fit, ratio
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.fit import linear_fit, quadratic_fit, ratio
+from kvscope.lab.experiments.result import Result
 
 NAME = "naive-vs-cached"
 CLAIM = ("Without a KV cache every step recomputes the whole sequence, so per-step time grows "

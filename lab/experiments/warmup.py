@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from kvscope.engine.experiments.fit import ratio, settled_after
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.fit import ratio, settled_after
+from kvscope.lab.experiments.result import Result
 
 NAME = "warm-up"
 CLAIM = ("The first measurement lies: a fresh engine's first requests are slower (allocations, "

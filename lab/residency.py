@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvscope.engine import events as ev
-from kvscope.engine.lab.ceilings import SegmentStream
-from kvscope.engine.lab.dead import dead_blocks_in_pool
+from kvscope.engine.dead import dead_blocks_in_pool
+from kvscope.lab.ceilings import SegmentStream
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from kvscope.engine.experiments.fit import ideal_warm, linear_fit, ratio
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.fit import ideal_warm, linear_fit, ratio
+from kvscope.lab.experiments.result import Result
 
 NAME = "warm-prefix"
 CLAIM = ("A warm shared prefix cuts time to first token roughly by the cached fraction plus a "

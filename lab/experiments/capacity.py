@@ -3,9 +3,9 @@ preempts; measured concurrency against the formula, at 16-bit and fp8."""
 
 from __future__ import annotations
 
-from kvscope.engine.capacity import KVShape, kv_bytes_per_token
-from kvscope.engine.experiments.fit import ratio, requests_that_fit_in_blocks
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.capacity import KVShape, kv_bytes_per_token
+from kvscope.lab.experiments.fit import ratio, requests_that_fit_in_blocks
+from kvscope.lab.experiments.result import Result
 
 NAME = "capacity"
 CLAIM = ("KV bytes per token = 2 x layers x KV heads x head dim x bytes per element (128 KiB for "

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvscope.engine.kv_cache_manager import KVCacheManager
-from kvscope.engine.lab.traces import Trace
+from kvscope.lab.traces import Trace
 
 MODES = ("sequential", "timed")
 

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvscope.engine.block_pool import EVICTION_POLICIES
-from kvscope.engine.lab import ceilings, whatif
-from kvscope.engine.lab.traces import Trace
+from kvscope.engine import policies
+from kvscope.lab import ceilings, whatif
+from kvscope.lab.traces import Trace
 
-POLICIES = (*EVICTION_POLICIES, "belady")
 CSV_COLUMNS = ("policy", "pool_blocks", "block_size", "mode", "token_hit_ratio",
                "request_hit_ratio", "evicted_blocks")
 
@@ -35,6 +34,11 @@ class Row:
         return [self.policy, self.pool_blocks, self.block_size, self.mode,
                 f"{self.token_hit_ratio:.6f}",
                 f"{self.request_hit_ratio:.6f}", self.evicted_blocks]
+
+
+def lab_policies() -> tuple[str, ...]:
+    """What the lab can run: every eviction policy, and Belady's ceiling."""
+    return (*policies.names(), "belady")
 
 
 def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: int = 16,

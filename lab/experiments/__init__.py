@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscope.engine.experiments import (
+from kvscope.lab.experiments import (
     block_size,
     capacity,
     fp8,
@@ -17,7 +17,7 @@ from kvscope.engine.experiments import (
     warm_prefix,
     warmup,
 )
-from kvscope.engine.experiments.result import Cancelled, Control, Result
+from kvscope.lab.experiments.result import Cancelled, Control, Result
 
 __all__ = ["EXPERIMENTS", "Cancelled", "Control", "Experiment", "Result", "run"]
 
@@ -47,7 +47,7 @@ def run(name: str, model: str = "demo", control: Control | None = None, quick: b
     ModelLoadError; a cancel: Cancelled."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; one of: {', '.join(EXPERIMENTS)}")
-    from kvscope.engine.experiments.bench import Bench
+    from kvscope.lab.experiments.bench import Bench
 
     result = EXPERIMENTS[name].measure(Bench(model, control, device), quick)
     result.model = model

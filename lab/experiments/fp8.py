@@ -3,9 +3,9 @@ tokens agree with a 16-bit cache."""
 
 from __future__ import annotations
 
-from kvscope.engine.capacity import KVShape, kv_bytes_per_token
-from kvscope.engine.experiments.fit import ratio
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.capacity import KVShape, kv_bytes_per_token
+from kvscope.lab.experiments.fit import ratio
+from kvscope.lab.experiments.result import Result
 
 NAME = "fp8"
 CLAIM = ("An fp8 KV cache halves the bytes per token, so the same memory holds twice the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from kvscope.engine.experiments.result import Result
+from kvscope.lab.experiments.result import Result
 
 NAME = "block-size"
 CLAIM = ("Block size trades hit granularity against overhead: only whole blocks are reused, so "

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 
 from kvscope.engine.config import EngineConfig, SamplingParams
-from kvscope.engine.experiments.result import Control
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.stream import StepQueue
+from kvscope.lab.experiments.result import Control
 
 FIRST_TOKEN = 3  # below: special tokens in most vocabularies (bos, eos, pad)
 
