@@ -52,6 +52,17 @@ def check_text(value: str, what: str) -> None:
                          f"{shown(value[e.start])} at character {e.start}") from None
 
 
+def why_not_text(value, what: str) -> str | None:
+    """Why a str cannot be encoded (a lone surrogate, say), or None: the request is rejected
+    with it, the rest are served."""
+    try:
+        if isinstance(value, str):
+            check_text(value, what)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _int_at_least(owner: str, name: str, value, low: int) -> None:
     if not is_int(value):
         raise ValueError(f"{owner}.{name} must be an integer, got {shown(value)}")

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from kvscope.engine import events as ev
-from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams, check_text
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams, why_not_text
 from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
+from kvscope.engine.forward_timer import ForwardTimer
 from kvscope.engine.kv_cache_manager import KVCacheManager
 from kvscope.engine.metrics import RequestMetrics, StepRecord
-from kvscope.engine.model_runner import ModelRunner, SeqChunk
+from kvscope.engine.model_runner import ModelRunner, SeqChunk, blocks_that_fit
 from kvscope.engine.models.load import LoadedModel, load_model
 from kvscope.engine.outputs import RequestOutput
 from kvscope.engine.request import Request, Status
@@ -29,39 +30,9 @@ from kvscope.engine.sampler import make_generator, sample
 from kvscope.engine.scheduler import ScheduledChunk, Scheduler
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 from kvscope.engine.stream import NewRequest, StepUpdate
-from kvscope.engine.token_text import TokenPieces
+from kvscope.engine.token_text import TokenPieces, first_stop
 
 FINISHED_HISTORY = 1024  # finished requests kept for cancel() and explain_miss; older retire
-
-
-class _ForwardTimer:
-    """Forward-pass time: a monotonic clock on the CPU; CUDA events on the GPU. Read it after
-    sampling: sampling's one transfer has waited for the forward pass by then, so reading adds no
-    synchronisation (only a step that samples nothing, a middle prompt chunk, waits here)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self):
-        if self.cuda:
-            self.start, self.end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        if self.cuda:
-            self.end.record()
-        else:
-            self.seconds_ = time.perf_counter() - self.t0
-
-    def seconds(self) -> float:
-        if not self.cuda:
-            return self.seconds_
-        if not self.end.query():  # nothing sampled in this step: wait for the pass to end
-            self.end.synchronize()
-        return self.start.elapsed_time(self.end) / 1e3
 
 
 class Engine:
@@ -70,7 +41,10 @@ class Engine:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.device = torch.device(config.device)
-        num_blocks = config.num_blocks or self._default_num_blocks(loaded)
+        num_blocks = config.num_blocks or (
+            DEFAULT_CPU_BLOCKS if self.device.type != "cuda" else blocks_that_fit(
+                loaded, config.block_size, config.kv_cache_dtype, self.device,
+                config.gpu_memory_fraction))
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
                                   self.device, prepack_cpu_weights=config.prepack_cpu_weights)
         # the model part of every chain's root hash (see block_hash.ExtraKeys)
@@ -101,16 +75,6 @@ class Engine:
         config = config or EngineConfig()
         return cls(load_model(model, device=config.device, dtype=config.dtype), config)
 
-    def _default_num_blocks(self, loaded: LoadedModel) -> int:
-        if self.device.type != "cuda":
-            return DEFAULT_CPU_BLOCKS
-        probe = ModelRunner(loaded, 1, self.config.block_size, self.config.kv_cache_dtype,
-                            self.device)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        per_block = probe.kv_bytes_per_token * self.config.block_size
-        del probe
-        return max(1, int(free * self.config.gpu_memory_fraction) // per_block)
-
     # -------------------------------------------------------------- public API
     @property
     def num_blocks(self) -> int:
@@ -129,7 +93,7 @@ class Engine:
         cache_salt = cache_salt or None  # as vLLM: an empty salt is no salt
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
-        problem = _why_not_text(prompt, "the prompt") or _why_not_text(cache_salt,
+        problem = why_not_text(prompt, "the prompt") or why_not_text(cache_salt,
                                                                         "the cache salt")
         if problem:
             ids = []
@@ -335,7 +299,7 @@ class Engine:
         if not chunks:
             return
         try:
-            with _ForwardTimer(self.device) as timer:
+            with ForwardTimer(self.device) as timer:
                 logits = self.runner.run([self._seq_chunk(c) for c in chunks], sched.copies)
             timers = [timer]
         except Exception as e:  # noqa: BLE001 - isolate the culprit, serve the others
@@ -367,7 +331,7 @@ class Engine:
             try:
                 if len(chunks) == 1:
                     raise error
-                with _ForwardTimer(self.device) as timer:
+                with ForwardTimer(self.device) as timer:
                     logits = self.runner.run([self._seq_chunk(c)], copies if i == 0 else ())
             except Exception as e:  # noqa: BLE001
                 poisoned.update(self.manager.uncache(req.request_id))
@@ -391,14 +355,14 @@ class Engine:
         if not reqs:
             return
         try:
-            with _ForwardTimer(self.device) as timer:
+            with ForwardTimer(self.device) as timer:
                 logits = self.runner.run_naive([r.all_token_ids for r in reqs])
             timers = [timer]
         except Exception:  # noqa: BLE001 - isolate the culprit, serve the others
             ok, rows, timers = [], [], []
             for r in reqs:
                 try:
-                    with _ForwardTimer(self.device) as timer:
+                    with ForwardTimer(self.device) as timer:
                         rows.append(self.runner.run_naive([r.all_token_ids]))
                 except Exception as e:  # noqa: BLE001
                     self._fail(r, f"{type(e).__name__}: {e}", outputs)
@@ -496,7 +460,7 @@ class Engine:
         p = req.params
         if not p.ignore_eos and token in self.eos_token_ids:
             reason = "eos"
-        elif p.stop and (cut := _first_stop(req.text, p.stop, searched)) is not None:
+        elif p.stop and (cut := first_stop(req.text, p.stop, searched)) is not None:
             req.text = req.text[:cut]
             reason = "stop"
         elif len(req.output_token_ids) >= p.max_tokens:
@@ -529,21 +493,3 @@ class Engine:
                              req.metrics.cached_tokens, req.metrics, req.finish_reason, req.error,
                              req.parent_id, req.sample_index, req.prompt_token_ids,
                              req.cache_salt)
-
-
-def _first_stop(text: str, stops, start: int) -> int | None:
-    """Where the earliest stop string in ``text`` begins, looking only at occurrences that end
-    after ``start`` (the text before it has been searched already); None if none."""
-    found = [i for s in stops if (i := text.find(s, max(0, start - len(s) + 1))) >= 0]
-    return min(found) if found else None
-
-
-def _why_not_text(value, what: str) -> str | None:
-    """Why a str cannot be encoded (a lone surrogate, say), or None: the request is rejected
-    with it, the rest are served."""
-    try:
-        if isinstance(value, str):
-            check_text(value, what)
-    except ValueError as e:
-        return str(e)
-    return None

@@ -245,3 +245,13 @@ class ModelRunner:
         tiny = 1e-6
         self.k_scales = [max(k, tiny) * FP8_HEADROOM / kernels.FP8_MAX for k, _ in amax]
         self.v_scales = [max(v, tiny) * FP8_HEADROOM / kernels.FP8_MAX for _, v in amax]
+
+
+def blocks_that_fit(loaded, block_size: int, kv_cache_dtype: str, device: torch.device,
+                    fraction: float) -> int:
+    """KV blocks that `fraction` of the GPU's free memory holds (the engine's default pool)."""
+    probe = ModelRunner(loaded, 1, block_size, kv_cache_dtype, device)
+    free, _ = torch.cuda.mem_get_info(device)
+    per_block = probe.kv_bytes_per_token * block_size
+    del probe
+    return max(1, int(free * fraction) // per_block)

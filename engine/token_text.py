@@ -66,3 +66,10 @@ def split_at(text: str, ends) -> list[str]:
         out.append(text[start:e])
         start = e
     return out
+
+
+def first_stop(text: str, stops, start: int) -> int | None:
+    """Where the earliest stop string in ``text`` begins, looking only at occurrences that end
+    after ``start`` (the text before it has been searched already); None if none."""
+    found = [i for s in stops if (i := text.find(s, max(0, start - len(s) + 1))) >= 0]
+    return min(found) if found else None
