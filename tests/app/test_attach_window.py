@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from conftest import bare_window
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
+from window_testutil import bare_window
 
 from kvscope.app.prefix_tree import _parent_blocks, walk
 

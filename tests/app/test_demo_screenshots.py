@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import open_window
 from pixels import cell_pixel, grab_pool
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QToolBar
+from window_testutil import open_window
 
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bare_window
 from image_compare import to_array
 from pixels import grab_pool
 from PySide6.QtCore import Qt
 from test_time_cursor import rendered
+from window_testutil import bare_window
 
 from kvscope.app import palette
 from kvscope.app.lab_source import LabSource

@@ -4,9 +4,9 @@ the requests table shows its rows, docks can be shown, hidden and reset from the
 from __future__ import annotations
 
 import pytest
-from conftest import bare_window, open_window, step
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QToolBar
+from window_testutil import bare_window, open_window, step
 
 from kvscope.app.frames import RequestRow
 from kvscope.app.main_window import MIN_SIZES

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from conftest import open_window, step
 from pixels import cell_pixel, close, grab_pool, lut_rgb
+from window_testutil import open_window, step
 
 from kvscope.app import palette
 from kvscope.engine.config import SamplingParams

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from conftest import LOAD_TIMEOUT_MS
 from PySide6.QtCore import QSettings, Qt
+from window_testutil import LOAD_TIMEOUT_MS
 
 from kvscope.app.frames import RequestRow
 from kvscope.app.main_window import LOAD_DIALOG_MS, MainWindow

@@ -8,10 +8,10 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import beside_a_label
 from pixels import cell_pixel, close, grab_pool, lut_rgb
 from PySide6.QtCore import QPoint, QPointF, Qt
 from test_panel_screenshots import scenario
+from window_testutil import beside_a_label
 
 from kvscope.app import palette
 from kvscope.app.panels.pool_view import PoolView

@@ -7,9 +7,9 @@ import copy
 import json
 
 import numpy as np
-from conftest import step
 from image_compare import to_array
 from pixels import grab_pool
+from window_testutil import step
 
 from kvscope.engine.config import SamplingParams
 

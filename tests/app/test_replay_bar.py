@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import open_replay
 from PySide6.QtCore import Qt
+from window_testutil import open_replay
 
 from kvscope.app.replay_bar import SPEEDS
 

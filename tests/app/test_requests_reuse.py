@@ -5,10 +5,10 @@ request) and which were evicted."""
 
 from __future__ import annotations
 
-from conftest import step
 from image_compare import to_array
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
+from window_testutil import step
 
 from kvscope.app.frames import RequestRow
 from kvscope.app.panels.requests_panel import (

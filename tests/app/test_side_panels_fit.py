@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import bare_window, open_window
 from image_compare import ARTIFACTS, to_array
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QTabBar
+from window_testutil import bare_window, open_window
 
 from kvscope.app.frames import Frame, RequestRow
 from kvscope.app.main_window import MainWindow

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import open_replay, step
 from PySide6.QtCore import QPointF, Qt
+from window_testutil import open_replay, step
 
 from kvscope.app.frames import NO_TEXT
 from kvscope.app.main_window import MainWindow

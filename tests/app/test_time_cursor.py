@@ -8,10 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import LOAD_TIMEOUT_MS, open_replay, open_window, step
 from image_compare import to_array
 from pixels import grab_pool
 from PySide6.QtCore import QPointF, Qt, QUrl
+from window_testutil import LOAD_TIMEOUT_MS, open_replay, open_window, step
 
 from kvscope.app import palette
 from kvscope.app.frames import evicted_at

@@ -10,9 +10,9 @@ import csv
 import json
 
 import pytest
-from conftest import open_replay, open_window, step
 from PySide6.QtCore import QPointF, Qt
 from test_timeline_wall_clock import at_x
+from window_testutil import open_replay, open_window, step
 
 from kvscope.app.range_export import CSV_FILTER, TRACE_FILTER
 from kvscope.engine.config import EngineConfig, SamplingParams

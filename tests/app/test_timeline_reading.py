@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import beside_a_label
 from PySide6.QtCore import QPoint, QPointF, Qt
 from test_panel_screenshots import scenario
 from test_timeline import records
+from window_testutil import beside_a_label
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.timeline import Timeline
