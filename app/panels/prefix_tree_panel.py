@@ -46,13 +46,17 @@ class Identities:
         self.digests = False  # salts are digests (a replay never stores the salts themselves)
         self.salts: dict[int, str | None] = {}  # request -> its salt
         self.of_root: dict[int, str | None] = {}  # root key -> the salt of its chains
+        self.named: dict[int, str] = {}  # root key -> label, from the source (an attachment)
 
     def reset(self, model: str = "", digests: bool = False) -> None:
         self.model, self.digests = model, digests
         self.salts.clear()
         self.of_root.clear()
+        self.named.clear()
 
     def learn(self, frame: Frame) -> None:
+        if frame.root_names:
+            self.named.update(frame.root_names)
         if frame.requests is not None:
             self.salts.update((r.request_id, r.cache_salt) for r in frame.requests)
         snap = frame.snapshot
@@ -76,6 +80,9 @@ class Identities:
         if root.key == 0:
             return ["first blocks not hashed yet", "no hash yet"]
         model = f"{self.model} · " if self.model else ""
+        if root.key in self.named:  # an attached server's identity: adapter and salt digest
+            name, parts = self.named[root.key], self.named[root.key].split(" · ")
+            return [name, " · ".join(parts[:2]), min(parts[:2], key=len)]
         if root.key in self.of_root:
             salt = self._salt(root.key)
             return [model + salt, salt, salt.removeprefix("salt ")]
@@ -87,6 +94,9 @@ class Identities:
         if root.key == 0:
             return (f"root of the blocks without a hash yet (a prompt's first block not full, "
                     f"or not written yet) · {below} node(s) below")
+        if root.key in self.named:
+            return (f"root: identity {root.key:016x} = {self.named[root.key]} · {below} "
+                    "node(s) below; chains of other identities never share blocks")
         if root.key in self.of_root:
             salt = self.of_root[root.key]
             who = ("no cache salt" if salt is None else
