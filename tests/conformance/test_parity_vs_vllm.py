@@ -200,7 +200,7 @@ def test_the_untagged_rule_of_vllm_0_30_stays_correct(server, monkeypatch):
     for module in (vllm_utils, vllm_block_pool):
         monkeypatch.setattr(module, "generate_block_hash_extra_keys", untagged)
     monkeypatch.setattr(vllm_block_pool, "to_event_extra_keys", lambda keys: keys or None)
-    server.restart()  # a fresh side with the patched hasher
+    # (both are looked up when called: the server's manager and hasher use the patched ones)
     play(Publishing(server, {"tenant-0": LORAS["tenant-0"]}), multi_turn(3))
     # (a 0.17 server drew a random NONE_HASH unless PYTHONHASHSEED was set: this one's is
     # vLLM's fixed seed, as if PYTHONHASHSEED=vllm-none-hash)
