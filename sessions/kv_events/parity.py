@@ -148,7 +148,6 @@ class HashParity:
         self.rule = settings.rule
         # the extra keys' form: True tagged (vLLM >= 0.31), False as published, None not known
         self.tagged = None if self.rule is None else self.rule.tagged
-        self.form_from = None if self.rule is None else "version"  # or "stream"
         self.digests: dict = {}  # published hash -> the full digest recomputed here
         self.failed: dict = {}  # published hash -> why its digest is not known (children too)
         self.matched = self.mismatched = 0
@@ -184,7 +183,7 @@ class HashParity:
                 if _same(d, published):
                     digest = d
                     if self.tagged is None and form is not None:  # the first block that
-                        self.tagged, self.form_from = form, "stream"  # tells fixes the form
+                        self.tagged = form  # tells fixes the form (said by rules_line)
                     break
             if digest is None:
                 if len(forms) != 1:  # the form is not known and neither form matched
