@@ -3,7 +3,8 @@
     kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] [--dp-ranks N]
                    [--metrics http://HOST:8000/metrics] [--record FILE [--overwrite]]
                    [--slots N] [--headless --duration S]
-                   [--hash-check sha256 [--hash-seed SEED]]
+                   [--hash-check sha256 [--hash-seed SEED] [--vllm-version X.Y[.Z]]
+                                        [--lora-path NAME=PATH ...]]
 
 Without --headless the window opens attached (File > Attach... does the same). Headless: listen
 for S seconds, then print the mirror's summary, metrics and health. A bad address is an error
@@ -37,9 +38,16 @@ def add_parser(sub) -> None:
                    metavar="ALGO", help="recompute block hashes from the published token ids "
                    "with the server's --prefix-caching-hash-algo (sha256 or sha256_cbor) and "
                    "flag the blocks that differ")
-    p.add_argument("--hash-seed", default="vllm-none-hash", metavar="SEED",
+    p.add_argument("--hash-seed", default=None, metavar="SEED",
                    help="with --hash-check: the server's PYTHONHASHSEED (default: vLLM's fixed "
-                   "seed, vllm-none-hash)")
+                   "seed, vllm-none-hash, as vLLM >= 0.29 uses; older servers draw a random one)")
+    p.add_argument("--vllm-version", default=None, metavar="X.Y[.Z]",
+                   help="with --hash-check: the server's vLLM version, for its rule of extra "
+                   "keys (tagged when hashed since 0.31, published since 0.17) and NONE_HASH "
+                   "seed (default: the form is detected from the stream)")
+    p.add_argument("--lora-path", action="append", default=None, metavar="NAME=PATH",
+                   help="with --hash-check: the path the server loaded LoRA adapter NAME from "
+                   "(vLLM >= 0.31 hashes it, its events carry only the name); repeatable")
     p.add_argument("--metrics", metavar="URL", default=None,
                    help="the server's Prometheus endpoint, e.g. http://HOST:8000/metrics: "
                    "prefix-cache queries/hits, KV usage, preemptions, TTFT and ITL, scraped "
@@ -60,6 +68,15 @@ def add_parser(sub) -> None:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     problem = check_addresses(args.endpoint, args.replay, args.metrics)
+    if problem is None:
+        from kvscope.sessions.kv_events.parity import HashParity, HashSettings, lora_paths
+
+        seed = {} if args.hash_seed is None else {"seed": args.hash_seed}
+        try:  # bad values are refused headless or not, before anything listens
+            settings = HashSettings(args.hash_check or "sha256", vllm_version=args.vllm_version,
+                                    lora_paths=lora_paths(args.lora_path), **seed)
+        except ValueError as e:
+            problem = str(e)
     if problem:
         print(f"kvscope: error: {problem}", file=sys.stderr)
         return 2
@@ -70,7 +87,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
                                    metrics=args.metrics, record=args.record,
                                    slots=args.slots, dp_ranks=args.dp_ranks))
     from kvscope.sessions.kv_events.metrics import MetricsError
-    from kvscope.sessions.kv_events.parity import HashParity, HashSettings
     from kvscope.sessions.kv_events.session import AttachSession
     from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS
 
@@ -80,8 +96,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         from kvscope.app.cli import check_record_path
 
         check_record_path(Path(args.record), args.overwrite)
-    parity = HashParity(HashSettings(args.hash_check, args.hash_seed)) if args.hash_check \
-        else None
+    parity = HashParity(settings) if args.hash_check else None
     try:
         session = AttachSession(args.endpoint, args.replay, args.topic, args.metrics,
                                 args.record, args.dp_ranks, args.slots or DEFAULT_SLOTS, parity,

@@ -95,6 +95,9 @@ class Frame:
     # an attached server's Prometheus numbers: (step, {"kv_usage", "ttft", "itl", ...}), new
     metrics: list[tuple[int, dict]] = field(default_factory=list)
     text: RequestText | None = None  # the watched request's text, when it changed
+    # an attached server's identity roots: root key (the parent hash of its chains' first
+    # blocks) -> label (LoRA adapter, salt digest); None: not known
+    root_names: dict[int, str] | None = None
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""
@@ -110,6 +113,8 @@ class Frame:
             self.dead_counts = later.dead_counts
         if later.text is not None:
             self.text = later.text
+        if later.root_names is not None:
+            self.root_names = later.root_names
         return self
 
 

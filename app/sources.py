@@ -282,17 +282,17 @@ class AttachSource(FrameSource):
         if not updates:
             return None
         with s.lock:
-            snap = s.latest
+            snap, roots = s.latest, s.root_names
         events = [e for u in updates for e in u.events]
         del events[:-MAX_EVENTS]
         return Frame(snapshot=snap, evicted=evicted_at(events, snap.step),
                      records=[u.record for u in updates], events=events, requests=[],
-                     metrics=metrics)
+                     metrics=metrics, root_names=roots)
 
     def newest(self) -> Frame:
         with self.session.lock:
-            snap = self.session.latest
-        return Frame(snapshot=snap, requests=[])
+            snap, roots = self.session.latest, self.session.root_names
+        return Frame(snapshot=snap, requests=[], root_names=roots)
 
     everything = newest  # what was shown before stays in the panels that keep history
 

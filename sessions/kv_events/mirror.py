@@ -8,9 +8,13 @@ are not published: the mirror knows hash slots, not pool cells.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from kvscope.sessions.kv_events.vllm_rules import published_salt
 from kvscope.sessions.kv_events.wire import Batch, Cleared, Removed, Stored
 
 MAX_NOTES = 20
@@ -60,7 +64,9 @@ class Health:
 class Mirror:
     def __init__(self, parity=None):
         self.parity = parity  # a HashParity that checks every store, or None
-        self.blocks: dict[tuple, list] = {}  # key -> [refs, parent hash, block_size, identity]
+        # key -> [refs, parent hash, block_size, identity: (LoRA name, salt digest)]
+        self.blocks: dict[tuple, list] = {}
+        self._salt_key = secrets.token_bytes(32)  # never kept: salts are shown as digests
         self._where: Counter = Counter()  # (rank, group, hash) -> keys holding it (any medium)
         self.num_stored = 0  # block stores applied (duplicates included)
         self.num_removed = 0  # block removes applied to a resident key
@@ -84,7 +90,7 @@ class Mirror:
 
     def _store(self, rank: int, e: Stored) -> None:
         blocks, where, group, medium = self.blocks, self._where, e.group, e.medium
-        identity = (e.lora_name, e.cache_salt)
+        identity = self._identity(rank, e)
         if self.parity is not None:
             self.parity.check(e)
         parent = e.parent
@@ -103,6 +109,22 @@ class Mirror:
                 self.health.duplicate_stores += 1
             parent = h
         self.num_stored += len(e.hashes)
+
+    def _identity(self, rank: int, e: Stored) -> tuple:
+        """(LoRA name, salt digest): SGLang names the salt on the event, vLLM puts it in the
+        extra keys of a chain's first block only, so a continuing store takes its parent's."""
+        salt = e.cache_salt
+        if salt is None and e.parent is None and e.extra_keys:
+            salt = published_salt(e.extra_keys[0], e.lora_name)
+        if salt is not None:
+            return e.lora_name, self.salt_digest(salt)
+        up = None if e.parent is None else self.blocks.get((rank, e.group, e.medium, e.parent))
+        return e.lora_name, up[3][1] if up is not None else None
+
+    def salt_digest(self, salt: str) -> str:
+        """Equal digests are equal salts, within this mirror only (a key of its own)."""
+        return hmac.new(self._salt_key, salt.encode("utf-8", "surrogatepass"),
+                        hashlib.sha256).hexdigest()[:16]
 
     def _remove(self, rank: int, e: Removed, ts: float) -> None:
         blocks, n = self.blocks, 0
@@ -162,7 +184,7 @@ class Mirror:
         return {k: tuple(v) for k, v in sorted(out.items(), key=lambda kv: str(kv[0]))}
 
     def identities(self) -> Counter:
-        """(lora_name, cache_salt) -> resident blocks."""
+        """(LoRA name, salt digest) -> resident blocks."""
         return Counter(v[3] for v in self.blocks.values())
 
     def summary(self) -> str:
@@ -174,7 +196,8 @@ class Mirror:
             lines.append("  (empty)")
         named = {k: v for k, v in self.identities().items() if k != (None, None)}
         for (lora, salt), n in sorted(named.items(), key=str):
-            lines.append(f"  identity lora={lora} salt={'set' if salt else 'none'}: {n} blocks")
+            shown = f"#{salt[:8]}" if salt else "none"
+            lines.append(f"  identity lora={lora or 'none'} salt={shown}: {n} blocks")
         if self.evictions:
             lines.append(f"  removals: {self.num_removed} over {len(self.evictions)} s "
                          f"(busiest second: {max(self.evictions.values())}); "

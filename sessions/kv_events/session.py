@@ -60,6 +60,7 @@ class AttachSession:
         self._problems: list[str] = []
         self._said: set[str] = set()
         self.health_short, self.health_lines, self.healthy = "mirror: waiting for events", [], True
+        self.root_names: dict[int, str] = {}  # the tree's identity roots -> labels (slots.roots)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
@@ -147,6 +148,7 @@ class AttachSession:
             self._start_recording()
         update = self.slots.tick(now - wall_s, wall_s, metrics)
         snap = self.slots.snapshot()
+        roots = self.slots.roots()
         self._check(now)
         with self.lock:
             self.latest = snap
@@ -156,6 +158,7 @@ class AttachSession:
                 self._metrics.append((update.record.step, metrics))
             self.health_short, self.healthy = self._short_health()
             self.health_lines = self.mirror.health.lines() + self._slot_lines()
+            self.root_names = roots
 
     def _start_recording(self) -> None:
         from kvscope.sessions.recorder import Recorder  # sqlite only when recording

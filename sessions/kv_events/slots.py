@@ -64,6 +64,13 @@ def slot_hashes(key: tuple, entry: list) -> tuple[int, int]:
     return short_key(rank, group, medium, h), up
 
 
+def identity_label(identity: tuple) -> str:
+    """(LoRA name, salt digest) in a few words; the salt only as its digest."""
+    lora, salt = identity
+    return (f"LoRA {lora}" if lora else "no LoRA") + (f" · salt #{salt[:8]}" if salt else
+                                                       " · no salt")
+
+
 def _show(h) -> str:
     return (h.hex() if isinstance(h, bytes) else f"{h & (1 << 64) - 1:016x}")[:16] + "…"
 
@@ -152,8 +159,24 @@ class HashSlots:
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
         if lora or salt:
-            text += f" · LoRA {lora or 'none'}, salt {'set' if salt else 'none'}"
+            text += f" · LoRA {lora or 'none'}, salt {f'#{salt[:8]}' if salt else 'none'}"
         return text
+
+    def roots(self) -> dict[int, str]:
+        """The identity root of each chain in the slot view: its short key (the parent hash of
+        the chains' first blocks, one per identity, rank, group and medium) -> a label."""
+        out: dict[int, str] = {}
+        blocks = self.mirror.blocks
+        for key in self.slot_of:
+            entry = blocks.get(key)
+            if entry is not None and entry[1] is None:
+                rank, group, medium, _ = key
+                root = short_key("root", rank, group, medium, *entry[3])
+                if root not in out:
+                    out[root] = identity_label(entry[3]) + \
+                        (f" · dp rank {rank}, KV group {group}, {medium}"
+                         if (rank, group, medium) != (0, 0, "GPU") else "")
+        return out
 
     def learn_block_size(self, journal: list | None = None) -> bool:
         """Take the server's block size from its first store not yet applied here (before a

@@ -39,7 +39,8 @@ class Stored:
     lora_name: str | None = None
     cache_salt: str | None = None  # SGLang's metadata
     spec_kind: str | None = None  # full_attention, sliding_window, mamba, ...
-    extra_keys: list | None = None  # per block, as hashed (vLLM >= 0.11 publishes them)
+    extra_keys: list | None = None  # per block, untagged (vLLM >= 0.17 publishes them)
+    lookahead: list | None = None  # per block, the tokens after it that its hash covers (0.33)
 
 
 @dataclass(slots=True)
@@ -103,10 +104,11 @@ def _event(raw):
         meta = f.get("metadata", name if isinstance(name, dict) else None)
         if isinstance(meta, dict):  # SGLang: {"cache_salt": ...}
             name, salt = None, meta.get("cache_salt")
-        extra = f.get("extra_keys")
+        extra, ahead = f.get("extra_keys"), f.get("lookahead_token_ids")
         return Stored(hashes, parent, tokens, size, _medium(f), _group(f),
                       name if isinstance(name, str) else None, salt,
-                      f.get("kv_cache_spec_kind"), extra if isinstance(extra, list) else None)
+                      f.get("kv_cache_spec_kind"), extra if isinstance(extra, list) else None,
+                      ahead if isinstance(ahead, list) else None)
     if tag == REMOVED:
         f = _fields(raw, _REMOVED_FIELDS)
         return Removed(_hashes(f.get("block_hashes")), _medium(f), _group(f))

@@ -186,6 +186,29 @@ def test_metrics_on_the_timeline_beside_the_event_counts(bare, qtbot, fake):
         server.close()
 
 
+def test_the_tree_has_a_root_per_salt_and_adapter_named_by_digest(bare, qtbot, fake):
+    """A vLLM chain's salt is in its first block's extra keys only; its later blocks hang under
+    the same root, labelled with the salt's digest (never the salt), as a LoRA chain is with its
+    adapter."""
+    w = bare
+    attach_from_menu(w, qtbot, fake.endpoint)
+    fake.wait_subscribed(timeout_s=10)
+    fake.send(0, batch([stored([1, 2], None, extra={"extra_keys": [["tenant-a"], None]}),
+                        stored([4], None, lora_name="ad", extra={"extra_keys": [["ad"]]}),
+                        stored([6], None, extra={"extra_keys": [None]})]))
+    fake.send(1, batch([stored([3], 2, extra={"extra_keys": [None]})]))  # continues tenant-a's
+    qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 5,
+                    timeout=5000)
+    qtbot.waitUntil(lambda: tree_blocks(w) == 5 and len(w.tree.forest) == 3, timeout=3000)
+    salt = w.source.session.mirror.salt_digest("tenant-a")[:8]
+    labels = {w.tree.identities.labels(root)[0]: sum(n.count for n in walk(root.children))
+              for root in w.tree.forest}
+    assert labels == {f"no LoRA · salt #{salt}": 3, "LoRA ad · no salt": 1,
+                      "no LoRA · no salt": 1}
+    words = " ".join(w.tree.identities.words(root) for root in w.tree.forest)
+    assert "tenant-a" not in words and f"salt #{salt}" in words
+
+
 def test_a_recording_of_an_attached_session_replays_the_same_tree(bare, qtbot, fake, tmp_path):
     w = bare
     path = tmp_path / "attached.kvscope"

@@ -84,9 +84,12 @@ class VllmSide(_Side):
     """vLLM's KVCacheManager (one full-attention group), as its scheduler drives it. Its pool
     has one block more than `num_blocks`: block 0 is vLLM's null block, never handed out."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, on_events=None):
+    def __init__(self, num_blocks: int, block_size: int = 16, on_events=None,
+                 lookahead: int = 0):
         """on_events(list of vLLM KV events): given what each call produced, before it is
-        read here (a publisher, as vLLM's scheduler hands them to its EventPublisher)."""
+        read here (a publisher, as vLLM's scheduler hands them to its EventPublisher).
+        lookahead: vLLM's num_hash_lookahead_tokens (each hash also covers that many tokens
+        after its block, for a drafter)."""
         super().__init__(block_size)
         self.on_events = on_events
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
@@ -95,13 +98,18 @@ class VllmSide(_Side):
                                kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
         self.manager = VllmManager(config, max_model_len=1 << 20,
                                    scheduler_block_size=block_size, hash_block_size=block_size,
-                                   enable_caching=True, enable_kv_cache_events=True)
-        self._hasher = get_request_block_hasher(block_size, sha256)
+                                   enable_caching=True, enable_kv_cache_events=True,
+                                   num_hash_lookahead_tokens=lookahead)
+        self._hasher = get_request_block_hasher(block_size, sha256, lookahead)
         self.requests: dict = {}
+        self._named: dict = {}  # request -> how many of its block hashes are named
 
-    def admit(self, rid, tokens, salt=None) -> int | None:
+    def admit(self, rid, tokens, salt=None, lora=None, mm=None, embeds=None) -> int | None:
+        """lora: a vllm.lora.request.LoRARequest; mm: vLLM MultiModalFeatureSpecs (sorted by
+        offset); embeds: a prompt-embeddings tensor, one row per token."""
         r = Request(str(rid), list(tokens), SamplingParams(max_tokens=1 << 20), None,
-                    block_hasher=self._hasher, cache_salt=salt)
+                    block_hasher=self._hasher, cache_salt=salt, lora_request=lora,
+                    mm_features=mm, prompt_embeds=embeds)
         self._learn_request(r)
         blocks, hit, _ = self.manager.get_computed_blocks(r)
         if self.manager.allocate_slots(r, r.num_tokens - hit, hit, blocks) is None:
@@ -142,12 +150,15 @@ class VllmSide(_Side):
         return ok
 
     def _learn_request(self, r) -> None:
-        n = len(self._names.get(r.request_id, ()))
+        n = self._named.get(r.request_id, 0)  # (with lookahead the names run ahead of these)
         new = [maybe_convert_block_hash(h) for h in r.block_hashes[n:]]
-        self._learn(r.request_id, [None] * n + new, r.cache_salt, r.all_token_ids)
+        self._named[r.request_id] = len(r.block_hashes)
+        self._learn(r.request_id, [None] * n + new, _identity(r), r.all_token_ids)
 
     def _drain(self) -> None:
         events = self.manager.take_events()
+        for r in self.requests.values():  # hashes made within the call (lookahead ones)
+            self._learn_request(r)
         if self.on_events is not None and events:
             self.on_events(events)
         for e in events:
@@ -159,6 +170,17 @@ class VllmSide(_Side):
                     self._removed(h)
             elif isinstance(e, AllBlocksCleared):
                 self.resident.clear()
+
+
+def _identity(r):
+    """What besides its tokens makes a vLLM request's blocks (the salt alone for plain ones)."""
+    if r.lora_request is None and not r.mm_features and r.prompt_embeds is None:
+        return r.cache_salt
+    lora = r.lora_request and (r.lora_request.lora_name, r.lora_request.lora_path)
+    mm = tuple((f.identifier, f.mm_position.offset, f.mm_position.length) for f in r.mm_features)
+    embeds = None if r.prompt_embeds is None else \
+        hashlib.sha256(r.prompt_embeds.numpy().tobytes()).hexdigest()
+    return r.cache_salt, lora, mm, embeds
 
 
 class OurSide(_Side):

@@ -19,9 +19,10 @@ def free_port() -> int:
 
 class VllmServer:
     def __init__(self, num_blocks: int = 64, block_size: int = 16, port: int | None = None,
-                 replay_port: int | None = None, topic: str = ""):
+                 replay_port: int | None = None, topic: str = "", lookahead: int = 0):
         self.port, self.replay_port = port or free_port(), replay_port or free_port()
         self.num_blocks, self.block_size, self.topic = num_blocks, block_size, topic
+        self.lookahead = lookahead
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.replay = f"tcp://127.0.0.1:{self.replay_port}"
         self.publisher = None
@@ -30,7 +31,9 @@ class VllmServer:
     def start(self) -> None:
         """A fresh server: an empty cache, and a publisher counting from sequence 0."""
         self.pending: list = []
-        self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend)
+        self.sent: list = []  # every event published, in order
+        self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend,
+                             lookahead=self.lookahead)
         self.num_batches = 0
         self.publisher = ZmqEventPublisher(0, f"tcp://*:{self.port}",
                                            f"tcp://*:{self.replay_port}", topic=self.topic)
@@ -43,6 +46,7 @@ class VllmServer:
         """Publish what the calls since the last step produced, as one batch (none if none)."""
         if self.pending:
             self.publisher.publish(KVEventBatch(ts=time.time(), events=list(self.pending)))
+            self.sent += self.pending
             self.pending.clear()
             self.num_batches += 1
 

@@ -148,3 +148,31 @@ def test_attach_record_path_is_checked_like_run(kvscope, tmp_path, where, words)
     assert sorted(os.listdir(tmp_path)) == before
     if where == "existing":
         assert target.read_bytes() == b"keep me"
+
+
+BAD_ATTACH = {  # id -> (options, *words the error must contain)
+    "version not a version": (["--vllm-version", "latest"], "--vllm-version 'latest': not a "
+                              "vLLM version (X.Y or X.Y.Z"),
+    "version empty": (["--vllm-version", ""], "--vllm-version '': not a vLLM version"),
+    "version before KV events": (["--vllm-version", "0.8.5"], "--vllm-version 0.8.5: vLLM "
+                                 "publishes KV events since 0.9.0"),
+    "lora path without =": (["--lora-path", "adapter-a"], "--lora-path 'adapter-a': give "
+                            "NAME=PATH"),
+    "lora path without name": (["--lora-path", "=/adapters/a"], "give NAME=PATH"),
+    "lora path without path": (["--lora-path", "adapter-a="], "give NAME=PATH"),
+    "lora path twice": (["--lora-path", "a=/x", "--lora-path", "a=/y"],
+                        "--lora-path a: given twice with different paths"),
+}
+
+
+@pytest.mark.parametrize("headless", [True, False], ids=["headless", "window"])
+@pytest.mark.parametrize("case", BAD_ATTACH.values(), ids=BAD_ATTACH.keys())
+def test_bad_attach_parity_option_is_one_line(kvscope, case, headless, monkeypatch):
+    """--vllm-version and --lora-path are refused before anything listens or a window opens."""
+    options, *words = case
+    monkeypatch.setattr("kvscope.app.gui.run_gui", lambda **kw: pytest.fail("window opened"))
+    monkeypatch.setattr("kvscope.sessions.kv_events.session.AttachSession",
+                        lambda *a, **kw: pytest.fail("listened"))
+    assert_one_line_error(kvscope("attach", "tcp://127.0.0.1:1", "--hash-check", "sha256",
+                                  *options, *(["--headless", "--duration", "0.1"] if headless
+                                              else [])), "kvscope: error:", *words)
