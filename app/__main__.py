@@ -1,5 +1,5 @@
 """`python -m kvscope.app`: the `kvscope` command."""
 
-from kvscope.app.cli import main
+from kvscope.app.cli.main import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """What the window shows: a `Frame`, its request rows, and what the window knows of the engine.
 
-Qt-free (the engine process builds frames). Frame sources (`app/sources.py`) produce frames; every
-panel renders them with `show_frame(frame)`, whatever the source."""
+Qt-free (the engine process builds frames). Frame sources (`app/sources/`) produce frames;
+every panel renders them with `show_frame(frame)`, whatever the source."""
 
 from __future__ import annotations
 

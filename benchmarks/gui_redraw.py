@@ -33,10 +33,10 @@ import numpy as np  # noqa: E402
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from kvscope.app import engine_host  # noqa: E402
-from kvscope.app.engine_host import Frame, RequestRow, engine_threads  # noqa: E402
-from kvscope.app.main_window import FRAME_MS, TREE_HZ, MainWindow  # noqa: E402
+from kvscope.app.host import server as engine_host  # noqa: E402
+from kvscope.app.host.server import Frame, RequestRow, engine_threads  # noqa: E402
 from kvscope.app.prefix_tree import build_tree, walk  # noqa: E402
+from kvscope.app.window.main_window import FRAME_MS, TREE_HZ, MainWindow  # noqa: E402
 from kvscope.engine import EngineConfig, KVCacheManager, SamplingParams  # noqa: E402
 from kvscope.engine.metrics import StepRecord  # noqa: E402
 
@@ -150,7 +150,7 @@ def headless_run() -> tuple[float, float]:
 HEADLESS = """
 import json, sys, time
 import torch
-from kvscope.app.engine_host import engine_threads
+from kvscope.app.host.server import engine_threads
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.stream import StepQueue
 spec = json.loads(sys.argv[1])

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from kvscope.app.engine_host import EngineHost  # noqa: E402
+from kvscope.app.host.server import EngineHost  # noqa: E402
 from kvscope.engine.config import EngineConfig, SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,7 +1,7 @@
 """The engine: scheduler + cache manager + model runner, one step at a time.
 
 Not thread-safe: drive it from one thread (in the window, the engine runs in its own process:
-app/engine_host.py). What happens inside leaves only through the step stream (`subscribe`, see
+app/host/server.py). What happens inside leaves only through the step stream (`subscribe`, see
 stream.py) and the public methods below; `manager`, `scheduler` and `requests` are internals.
 """
 

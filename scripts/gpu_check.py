@@ -13,7 +13,7 @@
    batch 1/16/64, against the nominal peak and a device-to-device copy measured in the same run;
 4. no host synchronisation in a prefill and a decode forward (``torch.cuda.set_sync_debug_mode``)
    and engine step timing from CUDA events;
-5. NVML read as the Device panel reads it (``kvscope.app.nvml_reader``).
+5. NVML read as the Device panel reads it (``kvscope.app.workers.nvml``).
 One table is printed and written to ``DIR/gpu_check.json``; the exit status is 1 if a check
 failed. kvscope is imported from this source tree (no install; no Qt, psutil or sqlite-utils).
 """

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 import torch
 
-from kvscope.app import cli
+from kvscope.app.cli import main as cli
+from kvscope.app.cli.common import DEFAULT_WORKLOAD
 from kvscope.engine import Engine, SamplingParams
 
 
@@ -76,7 +78,7 @@ def test_run_two_tenants_summary_matches_the_engine(engines, capsys):
 
 
 def test_run_eviction_pressure_on_a_small_pool_with_progress(engines, capsys, monkeypatch):
-    monkeypatch.setattr(type(cli.sys.stderr), "isatty", lambda self: True)  # as on a terminal
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda self: True)  # as on a terminal
     argv = ["run", "--workload", "eviction_pressure.jsonl", "--num-blocks", "48",
             "--threads", "1"]
     assert cli.main(argv) == 0
@@ -91,7 +93,7 @@ def test_run_eviction_pressure_on_a_small_pool_with_progress(engines, capsys, mo
 
 
 def test_shipped_demo_workload_runs_headless(engines, capsys):
-    assert cli.main(["run", "--workload", cli.DEFAULT_WORKLOAD, "--no-progress"]) == 0
+    assert cli.main(["run", "--workload", DEFAULT_WORKLOAD, "--no-progress"]) == 0
     out, _ = capsys.readouterr()
     (engine,) = engines
     assert "shared_system_prompt.jsonl: demo on cpu" in out
@@ -100,7 +102,7 @@ def test_shipped_demo_workload_runs_headless(engines, capsys):
 
 
 def test_bare_kvscope_opens_the_window_on_the_demo_model(monkeypatch):
-    import kvscope.app.gui as gui
+    import kvscope.app.window.gui as gui
 
     opened = []
     monkeypatch.setattr(gui, "run_gui", lambda model: opened.append(model) or 0)

@@ -52,8 +52,8 @@ def test_the_layers_below_sessions_never_import_it(folder):
 
 
 def test_the_engine_process_entry_never_imports_qt():
-    """app/engine_host.py is the engine process's main module: it must not load Qt there."""
-    bad = {m for m in imported_modules(ROOT / "app/engine_host.py")
+    """app/host/server.py is the engine process's main module: it must not load Qt there."""
+    bad = {m for m in imported_modules(ROOT / "app/host/server.py")
            if m.split(".")[0] in ("PySide6", "pyqtgraph", "shiboken6")}
     assert not bad, bad
 

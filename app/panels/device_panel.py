@@ -11,8 +11,8 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
-from kvscope.app.device_monitor import DeviceMonitor, DeviceSample, History
 from kvscope.app.panels.plot_grid import Grid
+from kvscope.app.workers.device_monitor import DeviceMonitor, DeviceSample, History
 
 GIB = 2**30
 GPU_COLORS = (palette.ACTIVE_COLOR, palette.SHARED_COLOR, palette.CACHED_COLOR,

@@ -1,5 +1,5 @@
 """The Experiments panel: pick a textbook claim, measure it on the loaded model in a worker
-process (app/experiment_worker.py; this process never imports torch), with a progress bar and
+process (app/workers/experiment.py; this process never imports torch), with a progress bar and
 cancel; then the plot (PNG export), the table (CSV export) and the verdict line. Results saved in
 a replayed session are shown with `show_results`."""
 
@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app.experiment_plot import draw_result
+from kvscope.app.plots.experiment import draw_result
 from kvscope.lab.experiments import EXPERIMENTS, Result
 from kvscope.lab.experiments.result import cell
 
@@ -95,7 +95,7 @@ class ExperimentsPanel(QWidget):
         proc.setProcessChannelMode(QProcess.SeparateChannels)
         proc.readyReadStandardOutput.connect(self._read)
         proc.finished.connect(self._ended)
-        args = ["-m", "kvscope.app.experiment_worker", name, "--model", self.model]
+        args = ["-m", "kvscope.app.workers.experiment", name, "--model", self.model]
         proc.start(sys.executable, args + (["--quick"] if self.quick else []))
         self.error = ""
         self.progress.setValue(0)

@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app.lab_plot import draw_curves
-from kvscope.app.lab_worker import LabJob, LabRun
+from kvscope.app.plots.lab import draw_curves
+from kvscope.app.workers.lab import LabJob, LabRun
 from kvscope.engine import policies
 from kvscope.lab.report import Row, lab_policies
 from kvscope.lab.whatif import MODES

@@ -9,7 +9,7 @@ import torch
 
 from gpucheck.plan import Plan
 from gpucheck.report import Report
-from kvscope.app.nvml_reader import NvmlReader
+from kvscope.app.workers.nvml import NvmlReader
 
 
 def check_nvml(report: Report, plan: Plan, device) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtGui import QImage
 
-from kvscope.app.cli import main
+from kvscope.app.cli.main import main
 from kvscope.lab.experiments import EXPERIMENTS
 from kvscope.sessions import SessionReader
 

@@ -11,8 +11,8 @@ import pytest
 from image_compare import ARTIFACTS
 from PySide6.QtWidgets import QApplication
 
-from kvscope.app.device_monitor import DeviceMonitor, DeviceSample, History
 from kvscope.app.panels.device_panel import DevicePanel
+from kvscope.app.workers.device_monitor import DeviceMonitor, DeviceSample, History
 
 GIB = 2**30
 SIZE = (640, 400)

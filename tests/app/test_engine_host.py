@@ -7,8 +7,8 @@ import socket
 import threading
 from multiprocessing.connection import Connection
 
-from kvscope.app.engine_host import EngineHost, start
 from kvscope.app.frames import EngineInfo, Frame
+from kvscope.app.host.server import EngineHost, start
 from kvscope.engine.config import EngineConfig, SamplingParams
 
 PROMPTS = [f"Question {i}: what is a list? " * 3 for i in range(4)]
@@ -172,7 +172,7 @@ def test_live_frames_count_dead_blocks_over_time():
 
 
 def test_sampled_counts_keep_their_span_when_thinned():
-    from kvscope.app.engine_host import SampledCounts
+    from kvscope.app.host.server import SampledCounts
 
     c = SampledCounts(limit=8)
     for step in range(20):

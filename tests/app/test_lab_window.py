@@ -16,7 +16,7 @@ from test_time_cursor import rendered
 from window_testutil import bare_window
 
 from kvscope.app import palette
-from kvscope.app.lab_source import LabSource
+from kvscope.app.sources.lab import LabSource
 from kvscope.engine import events as ev
 from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.lab import report, whatif

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QToolBar
 from window_testutil import bare_window, open_window, step
 
 from kvscope.app.frames import RequestRow
-from kvscope.app.main_window import MIN_SIZES
+from kvscope.app.window.main_window import MIN_SIZES
 from kvscope.engine.config import SamplingParams
 
 

@@ -194,7 +194,7 @@ def test_f5_runs_the_demo_workload_and_later_requests_reuse_the_system_prompt(wi
 def test_the_dock_layout_is_remembered(qtbot, tmp_path):
     from PySide6.QtCore import QSettings
 
-    from kvscope.app.main_window import MainWindow
+    from kvscope.app.window.main_window import MainWindow
 
     settings = QSettings(str(tmp_path / "layout.ini"), QSettings.IniFormat)
     first = MainWindow(settings=settings)
@@ -220,7 +220,7 @@ WINDOW_WITHOUT_TORCH = """
 import sys, time
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
-from kvscope.app.main_window import MainWindow
+from kvscope.app.window.main_window import MainWindow
 from kvscope.engine.config import SamplingParams
 app = QApplication([])
 w = MainWindow(settings=QSettings(sys.argv[1], QSettings.IniFormat))

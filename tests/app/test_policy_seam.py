@@ -10,7 +10,7 @@ from pathlib import Path
 import pyqtgraph as pg
 import pytest
 
-from kvscope.app.cli import build_parser
+from kvscope.app.cli.main import build_parser
 from kvscope.app.panels.lab_panel import LabPanel
 from kvscope.engine import EngineConfig, KVCacheManager, policies
 from kvscope.lab import report

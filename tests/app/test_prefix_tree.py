@@ -311,7 +311,7 @@ def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_la
     from PySide6.QtCore import QSettings
 
     from kvscope.app.frames import Frame
-    from kvscope.app.main_window import MainWindow
+    from kvscope.app.window.main_window import MainWindow
 
     window = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
     qtbot.addWidget(window)

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 from window_testutil import open_replay
 
-from kvscope.app.replay_bar import SPEEDS
+from kvscope.app.window.replay_bar import SPEEDS
 
 SESSION = Path(__file__).resolve().parents[1] / "data" / "session_before_step_stream.kvscope"
 EVICTION_STEPS = [14, 15, 18, 25, 28, 34, 36, 39]  # read from the file with SessionReader

@@ -15,9 +15,9 @@ from PySide6.QtWidgets import QTabBar
 from window_testutil import bare_window, open_window
 
 from kvscope.app.frames import Frame, RequestRow
-from kvscope.app.main_window import MainWindow
 from kvscope.app.panels.capacity_panel import PLOT_MIN_HEIGHT
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
+from kvscope.app.window.main_window import MainWindow
 from kvscope.engine import KVCacheManager
 from kvscope.engine.metrics import StepRecord
 

@@ -11,7 +11,6 @@ from PySide6.QtCore import QPointF, Qt
 from window_testutil import open_replay, step
 
 from kvscope.app.frames import NO_TEXT
-from kvscope.app.main_window import MainWindow
 from kvscope.app.panels.text_panel import (
     BOUNDARY,
     CACHED,
@@ -24,6 +23,7 @@ from kvscope.app.panels.text_panel import (
     TICK,
     text_of,
 )
+from kvscope.app.window.main_window import MainWindow
 from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.engine.token_text import token_pieces
 

@@ -33,7 +33,7 @@ AGAIN = 9  # the request id of the last prompt
 def session(tmp_path_factory):
     """A real demo-model session under eviction pressure; the live table's states and the live
     explanations, step by step, as the window showed them."""
-    from kvscope.app.engine_host import RequestTable
+    from kvscope.app.host.server import RequestTable
     from kvscope.engine import Engine
     from kvscope.sessions import Recorder
 

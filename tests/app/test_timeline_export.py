@@ -14,7 +14,7 @@ from PySide6.QtCore import QPointF, Qt
 from test_timeline_wall_clock import at_x
 from window_testutil import open_replay, open_window, step
 
-from kvscope.app.range_export import CSV_FILTER, TRACE_FILTER
+from kvscope.app.window.range_export import CSV_FILTER, TRACE_FILTER
 from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.sessions import SessionReader
 

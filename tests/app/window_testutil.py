@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from kvscope.app.main_window import MainWindow
+from kvscope.app.window.main_window import MainWindow
 
 LOAD_TIMEOUT_MS = 30_000
 

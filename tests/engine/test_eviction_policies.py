@@ -104,7 +104,7 @@ def test_unknown_policy_is_refused(bad):
 
 
 def test_cli_option_reaches_the_engine_and_the_session_metadata(tmp_path, capsys):
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
     from kvscope.sessions import SessionReader
 
     session = tmp_path / "lfu.kvscope"

@@ -172,7 +172,7 @@ def test_block_size_must_divide_the_trace_block(trace):
 
 
 def test_lab_command_prints_rows_and_writes_csv_and_png(tmp_path, capsys):
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
 
     out_csv, out_png = tmp_path / "lab.csv", tmp_path / "lab.png"
     assert cli.main(["lab", str(HEAD), "--pool-blocks", "2000", "8000", "--policy", "lru",
@@ -195,7 +195,7 @@ def test_lab_command_prints_rows_and_writes_csv_and_png(tmp_path, capsys):
     (["lab", str(HEAD), "--mode", "timed", "--residency"], "needs --mode sequential"),
 ])
 def test_lab_command_errors_are_one_line_with_exit_2(argv, message, capsys):
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
 
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -205,7 +205,7 @@ def test_lab_command_errors_are_one_line_with_exit_2(argv, message, capsys):
 def test_an_sqlite_file_that_is_no_session_is_refused_clearly(tmp_path, capsys):
     import sqlite3
 
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
 
     path = tmp_path / "s.kvscope"
     sqlite3.connect(path).execute("create table t (x)").connection.close()

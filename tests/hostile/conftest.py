@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_testutil import build_tiny_model  # noqa: E402
 
-from kvscope.app import cli  # noqa: E402
+from kvscope.app.cli import main as cli  # noqa: E402
 
 
 @pytest.fixture(scope="session")

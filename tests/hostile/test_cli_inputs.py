@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hostile_testutil import assert_one_line_error, write_jsonl
 
-from kvscope.app.engine_host import cpu_cores
+from kvscope.app.host.server import cpu_cores
 
 BAD_GENERATE = {  # id -> (options, *words the error must contain)
     "empty stop": (["--stop", ""], "--stop must hold non-empty strings"),
@@ -33,7 +33,7 @@ def test_bad_generate_option_is_one_line(kvscope, case, monkeypatch):
     def no_load(args):  # the value alone is wrong: refused before any model is loaded
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("kvscope.app.cli.load_engine", no_load)
+    monkeypatch.setattr("kvscope.app.cli.common.load_engine", no_load)
     assert_one_line_error(kvscope("generate", "hello", *options), *words)
 
 
@@ -70,7 +70,7 @@ def test_an_absurd_pool_says_what_it_needs_and_what_there_is(kvscope, workload, 
 
 def test_record_into_a_missing_folder_fails_before_the_model_loads(kvscope, workload,
                                                                    tmp_path, monkeypatch):
-    monkeypatch.setattr("kvscope.app.cli.load_engine", lambda a: pytest.fail("loaded"))
+    monkeypatch.setattr("kvscope.app.cli.common.load_engine", lambda a: pytest.fail("loaded"))
     target = tmp_path / "no" / "such" / "s.kvscope"
     assert_one_line_error(run(kvscope, workload, "demo", "--record", target),
                           f"--record: the folder {target.parent} does not exist")
@@ -79,7 +79,7 @@ def test_record_into_a_missing_folder_fails_before_the_model_loads(kvscope, work
 
 def test_record_into_a_read_only_place_fails_before_the_model_loads(kvscope, workload,
                                                                     tmp_path, monkeypatch):
-    monkeypatch.setattr("kvscope.app.cli.load_engine", lambda a: pytest.fail("loaded"))
+    monkeypatch.setattr("kvscope.app.cli.common.load_engine", lambda a: pytest.fail("loaded"))
     if os.geteuid() == 0:  # root writes anywhere a mode allows; sysfs refuses even root
         folder = Path("/sys")
     else:
@@ -94,7 +94,7 @@ def test_record_into_a_read_only_place_fails_before_the_model_loads(kvscope, wor
 
 def test_record_onto_an_existing_file_names_the_overwrite_option(kvscope, workload, tmp_path,
                                                                   monkeypatch):
-    monkeypatch.setattr("kvscope.app.cli.load_engine", lambda a: pytest.fail("loaded"))
+    monkeypatch.setattr("kvscope.app.cli.common.load_engine", lambda a: pytest.fail("loaded"))
     target = tmp_path / "s.kvscope"
     target.write_bytes(b"keep me")
     message = assert_one_line_error(run(kvscope, workload, "demo", "--record", target),
@@ -170,7 +170,7 @@ BAD_ATTACH = {  # id -> (options, *words the error must contain)
 def test_bad_attach_parity_option_is_one_line(kvscope, case, headless, monkeypatch):
     """--vllm-version and --lora-path are refused before anything listens or a window opens."""
     options, *words = case
-    monkeypatch.setattr("kvscope.app.gui.run_gui", lambda **kw: pytest.fail("window opened"))
+    monkeypatch.setattr("kvscope.app.window.gui.run_gui", lambda **kw: pytest.fail("window opened"))
     monkeypatch.setattr("kvscope.sessions.kv_events.session.AttachSession",
                         lambda *a, **kw: pytest.fail("listened"))
     assert_one_line_error(kvscope("attach", "tcp://127.0.0.1:1", "--hash-check", "sha256",

@@ -73,7 +73,7 @@ def test_a_pool_larger_than_memory_is_refused_before_allocating(tiny_model, monk
 def test_the_cli_uses_all_cores_but_one_unless_told(kvscope, tmp_path, tiny_model,
                                                    monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr("kvscope.app.engine_host.cpu_cores", lambda: 3)
+    monkeypatch.setattr("kvscope.app.host.server.cpu_cores", lambda: 3)
     workload = write_jsonl(tmp_path / "w.jsonl", {"prompt_ids": [3, 4], "max_tokens": 1})
     argv = ["run", "--workload", workload, "--model", tiny_model, "--no-progress"]
     assert kvscope(*argv)[0] == 0

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.app import cli
+from kvscope.app.cli import common
+from kvscope.app.cli import main as cli
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS
 from kvscope.sessions import SessionError, SessionReader
 
@@ -87,7 +88,7 @@ def signal_inside_step_5(monkeypatch, sig) -> list:
     steps it saw, as they come."""
     import os
 
-    real, seen = cli.load_engine, []
+    real, seen = common.load_engine, []
 
     def load_engine(args):
         engine = real(args)
@@ -100,7 +101,7 @@ def signal_inside_step_5(monkeypatch, sig) -> list:
         engine.subscribe(signal_at_step_5)
         return engine
 
-    monkeypatch.setattr(cli, "load_engine", load_engine)
+    monkeypatch.setattr(common, "load_engine", load_engine)
     return seen
 
 

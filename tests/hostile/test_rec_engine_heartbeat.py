@@ -9,8 +9,8 @@ import time
 
 from PySide6.QtCore import QSettings
 
-from kvscope.app.engine_client import NOT_RESPONDING
-from kvscope.app.main_window import MainWindow
+from kvscope.app.host.client import NOT_RESPONDING
+from kvscope.app.window.main_window import MainWindow
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS
 
 

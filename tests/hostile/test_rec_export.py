@@ -8,7 +8,7 @@ import time
 import pytest
 from rec_util import drive, make_engine, rec_model_dir, record  # noqa: F401 - a fixture
 
-from kvscope.app import cli
+from kvscope.app.cli import main as cli
 from kvscope.sessions import Recorder
 
 

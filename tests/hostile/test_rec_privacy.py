@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from rec_util import drive, make_engine, rec_model_dir  # noqa: F401 - a fixture
 
-from kvscope.app import cli
+from kvscope.app.cli import main as cli
 from kvscope.engine import events as ev
 from kvscope.engine.stream import StepQueue
 from kvscope.sessions import Recorder, SessionReader

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hostile_testutil import assert_one_line_error, write_jsonl
 
-from kvscope.app import cli
+from kvscope.app.cli import main as cli
 from kvscope.sessions import CorruptSessionError, SessionReader
 from kvscope.sessions.schema import decode_keyframe
 
@@ -78,9 +78,9 @@ def test_export_and_replay_name_the_damaged_field(kvscope, session, tmp_path, mo
     sql, *words = case
     corrupt(session, sql)
     before = hashlib.sha256(session.read_bytes()).hexdigest()
-    gui = types.ModuleType("kvscope.app.gui")
+    gui = types.ModuleType("kvscope.app.window.gui")
     gui.run_gui = lambda **kw: pytest.fail("the window was opened on a damaged session")
-    monkeypatch.setitem(sys.modules, "kvscope.app.gui", gui)
+    monkeypatch.setitem(sys.modules, "kvscope.app.window.gui", gui)
     out = tmp_path / "trace.json"
     for argv in (["export", session, "--chrome-trace", out], ["replay", session]):
         assert_one_line_error(kvscope(*argv), f"{session}: damaged session", *words)

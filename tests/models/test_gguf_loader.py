@@ -156,7 +156,7 @@ def test_tiny_gguf_llama_matches_transformers_loading_the_same_file(tmp_path):
 
 
 def test_cli_reports_a_bad_gguf_file_in_one_line_and_exits_2(tmp_path, capsys):
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
 
     (tmp_path / "junk.gguf").write_bytes(b"GGUF but not really")
     assert cli.main(["generate", "--model", str(tmp_path / "junk.gguf"), "hi"]) == 2

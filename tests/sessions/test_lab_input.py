@@ -60,7 +60,7 @@ def test_chains_are_stored_keyed_like_the_pools_hashes(session):
 
 
 def test_a_session_recorded_without_chains_is_refused_in_one_line(session, tmp_path, capsys):
-    from kvscope.app import cli
+    from kvscope.app.cli import main as cli
 
     old = tmp_path / "old.kvscope"
     old.write_bytes(session[0].read_bytes())

@@ -97,7 +97,7 @@ def _lab(args: argparse.Namespace) -> int:
     if probe is not None:
         _print_residency(probe, stream, args, sizes[0], curve, rows[-1].token_hit_ratio)
     if args.png:
-        from kvscope.app.lab_plot import write_curves_png  # Qt: only when a PNG is asked for
+        from kvscope.app.plots.lab import write_curves_png  # Qt: only when a PNG is asked for
 
         write_curves_png(args.png, curve, rows)
         print(f"wrote {args.png}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvscope.app import palette
-from kvscope.app.plot_png import write_plot_png
+from kvscope.app.plots.png import write_plot_png
 from kvscope.lab.report import Row, lab_policies
 
 COLORS = {"lru": palette.ACTIVE_COLOR, "fifo": palette.SHARED_COLOR,

@@ -12,7 +12,7 @@ def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | N
     import pyqtgraph as pg
     from PySide6.QtWidgets import QApplication
 
-    from kvscope.app.main_window import MainWindow
+    from kvscope.app.window.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv[:1])
     app.setApplicationName("kvscope")

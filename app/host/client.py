@@ -1,4 +1,4 @@
-"""The window's side of the engine process (`app/engine_host.py` is the other side).
+"""The window's side of the engine process (`app/host/server.py` is the other side).
 
 Each model load starts a fresh engine process; the old one keeps serving until the new model
 has loaded, so a failed or cancelled load leaves the previous model running, and cancelling
@@ -16,8 +16,8 @@ import time
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from kvscope.app import engine_host
 from kvscope.app.frames import EngineInfo, Frame
+from kvscope.app.host import server as engine_host
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 HEARTBEAT_MS = 500  # the loaded engine is pinged this often (one ping outstanding at most)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from kvscope.app.cli.common import DEFAULT_WORKLOAD, add_engine_options, positive_int
+
 
 def add_parser(sub) -> None:
-    from kvscope.app.cli import DEFAULT_WORKLOAD, _engine_options, _positive_int
-
     p = sub.add_parser("serve", help="run a workload and publish its KV events (vLLM format)",
                        description="Run a workload on the engine while publishing its prefix "
                        "cache as vLLM KV events (BlockStored / BlockRemoved / AllBlocksCleared; "
@@ -24,30 +24,25 @@ def add_parser(sub) -> None:
                    help="a replay endpoint, e.g. tcp://*:5558 (the last 10,000 batches)")
     p.add_argument("--topic", default="")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, metavar="FILE")
-    p.add_argument("--wait", type=_positive_int, default=2, metavar="S",
+    p.add_argument("--wait", type=positive_int, default=2, metavar="S",
                    help="seconds to wait for subscribers before the run, and for replay "
                    "requests after it (default 2)")
-    _engine_options(p)
+    add_engine_options(p)
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import zmq
 
-    from kvscope.app.cli import (
-        CliError,
-        describe_engine,
-        format_summary,
-        load_engine,
-        resolve_workload,
-        run_until_signal,
-    )
+    from kvscope.app.cli import common
+    from kvscope.app.cli.common import CliError, describe_engine, resolve_workload, run_until_signal
+    from kvscope.app.cli.run import format_summary
     from kvscope.lab.workload import load_workload
     from kvscope.lab.workload_run import WorkloadRunner, summarize
     from kvscope.sessions.kv_events import KVEventPublisher
 
     workload = load_workload(resolve_workload(args.workload))
-    engine = load_engine(args)
+    engine = common.load_engine(args)
     try:
         pub = KVEventPublisher(engine, args.kv_events, args.kv_events_replay, args.topic)
     except zmq.ZMQError as e:

@@ -1,7 +1,7 @@
 """The engine's own process. Qt-free: it imports torch, the window's process does not.
 
 The window talks to it over a socket wrapped in a `multiprocessing` Connection
-(`app/engine_client.py` is the other end). In its own process the engine never shares an
+(`app/host/client.py` is the other end). In its own process the engine never shares an
 interpreter lock with drawing, so the window can take its time painting without slowing a step.
 
 Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
@@ -149,7 +149,7 @@ def start(setup: str | os.PathLike | None = None) -> tuple[subprocess.Popen, Con
     `python -c` with one end of a socket pair: unlike multiprocessing's spawn, this never
     re-imports the program's main module in the engine process."""
     ours, theirs = socket.socketpair()
-    cmd = [sys.executable, "-c", "from kvscope.app.engine_host import main; main()",
+    cmd = [sys.executable, "-c", "from kvscope.app.host.server import main; main()",
            str(theirs.fileno())] + ([os.fspath(setup)] if setup else [])
     with theirs:
         proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
@@ -157,7 +157,7 @@ def start(setup: str | os.PathLike | None = None) -> tuple[subprocess.Popen, Con
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -c "from kvscope.app.engine_host import main; main()" FD [SETUP_FILE]`: serve
+    """`python -c "from kvscope.app.host.server import main; main()" FD [SETUP_FILE]`: serve
     the window on the socket FD. SETUP_FILE (optional) is run first: a plugin hook, used by the
     tests to inject faults into the real engine."""
     fd, *setup = sys.argv[1:] if argv is None else argv

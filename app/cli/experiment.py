@@ -60,7 +60,7 @@ def _experiment(args: argparse.Namespace) -> int:
         from kvscope.sessions import SessionReader
 
         SessionReader(args.session).close()  # refuse a missing or foreign file before running
-    from kvscope.app.engine_host import set_engine_threads
+    from kvscope.app.host.server import set_engine_threads
     from kvscope.lab.experiments import run
 
     set_engine_threads()
@@ -85,7 +85,7 @@ def _save(args: argparse.Namespace, result: Result) -> None:
         args.csv.write_text(result.to_csv(), encoding="utf-8")
         print(f"wrote {args.csv}")
     if args.png:
-        from kvscope.app.experiment_plot import write_result_png  # Qt: only for a PNG
+        from kvscope.app.plots.experiment import write_result_png  # Qt: only for a PNG
 
         write_result_png(args.png, result)
         print(f"wrote {args.png}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from kvscope.app.nvml_reader import GpuSample, NvmlReader
+from kvscope.app.workers.nvml import GpuSample, NvmlReader
 
 
 @dataclass(frozen=True)

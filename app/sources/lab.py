@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.app.frames import Frame, RequestRow, evicted_at
-from kvscope.app.sources import MAX_EVENTS, FrameSource
+from kvscope.app.sources.base import MAX_EVENTS, FrameSource
 from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager

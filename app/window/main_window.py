@@ -25,10 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app import palette
-from kvscope.app.attach_view import AttachDialog, AttachOverlay
-from kvscope.app.banner import ErrorBanner
-from kvscope.app.engine_client import NOT_RESPONDING, EngineClient
 from kvscope.app.frames import EngineInfo, Frame, RequestText, recorded_text
+from kvscope.app.host.client import NOT_RESPONDING, EngineClient
 from kvscope.app.panels.capacity_panel import CapacityPanel
 from kvscope.app.panels.composer import Composer
 from kvscope.app.panels.details import DetailsPanel
@@ -41,11 +39,13 @@ from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
-from kvscope.app.range_export import RangeExporter
-from kvscope.app.replay_bar import ReplayBar
 from kvscope.app.selection import Selection
-from kvscope.app.sources import FrameSource, LiveSource, ReplaySource
-from kvscope.app.status_line import HINT, StatusLine
+from kvscope.app.sources.attach import AttachDialog, AttachOverlay
+from kvscope.app.sources.base import FrameSource, LiveSource, ReplaySource
+from kvscope.app.window.banner import ErrorBanner
+from kvscope.app.window.range_export import RangeExporter
+from kvscope.app.window.replay_bar import ReplayBar
+from kvscope.app.window.status_line import HINT, StatusLine
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig
 from kvscope.sessions import SessionError
 
@@ -588,7 +588,7 @@ class MainWindow(QMainWindow):
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
                         limit: int) -> bool:
         """The Lab panel's what-if run, shown like a replay. A bad trace changes nothing."""
-        from kvscope.app.lab_source import LabSource
+        from kvscope.app.sources.lab import LabSource
         from kvscope.lab.traces import TraceError
         from kvscope.sessions.lab_input import load_lab_input
 
@@ -614,7 +614,7 @@ class MainWindow(QMainWindow):
     def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
                record: str = "", slots: int | None = None, dp_ranks: int = 1) -> bool:
         """Show a server's KV events. A bad address shows the banner and changes nothing."""
-        from kvscope.app.sources import AttachSource
+        from kvscope.app.sources.base import AttachSource
 
         try:
             source = AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks,

@@ -2,7 +2,7 @@
 on stdout, {"progress": f, "text": t} while it runs, then {"result": {...}} or {"error": "..."}.
 The window cancels it by ending the process. No Qt here.
 
-    python -m kvscope.app.experiment_worker NAME [--model M] [--quick]
+    python -m kvscope.app.workers.experiment NAME [--model M] [--quick]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="demo")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    from kvscope.app.engine_host import set_engine_threads
+    from kvscope.app.host.server import set_engine_threads
     from kvscope.engine.models.load import ModelLoadError
     from kvscope.lab.experiments import Control, run
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvscope.app import palette
-from kvscope.app.plot_png import write_plot_png
+from kvscope.app.plots.png import write_plot_png
 from kvscope.lab.experiments.result import Result
 
 COLORS = (palette.ACTIVE_COLOR, palette.SHARED_COLOR, palette.DECODE_COLOR, palette.CACHED_COLOR)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvscope.app.cli.common import positive_int
+
 
 def add_parser(sub) -> None:
-    from kvscope.app.cli import _positive_int
-
     p = sub.add_parser("attach", help="mirror a vLLM/SGLang server's KV cache from its events",
                        description="Subscribe to a vLLM or SGLang server's KV-cache events "
                        "(--kv-events-config with publisher zmq) and rebuild its prefix cache.")
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                    help="the replay endpoint, e.g. tcp://HOST:5558: history on attach and "
                    "missed batches on every sequence gap")
     p.add_argument("--topic", default="", help="the server's topic (default: all)")
-    p.add_argument("--dp-ranks", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--dp-ranks", type=positive_int, default=1, metavar="N",
                    help="data-parallel ranks: rank r publishes (and replays) on port + r "
                    "(default 1)")
     p.add_argument("--hash-check", choices=("sha256", "sha256_cbor"), default=None,
@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
                    help="record the attached session to a .kvscope file (replays like any "
                    "other: kvscope replay FILE)")
     p.add_argument("--overwrite", action="store_true", help="with --record: replace FILE")
-    p.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--slots", type=positive_int, default=None, metavar="N",
                    help="hash slots shown and recorded: one per resident block hash (physical "
                    "block ids are not published; default 4096)")
     p.add_argument("--headless", action="store_true",
@@ -81,7 +81,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         print(f"kvscope: error: {problem}", file=sys.stderr)
         return 2
     if not args.headless:
-        from kvscope.app.gui import run_gui  # Qt is imported only here
+        from kvscope.app.window.gui import run_gui  # Qt is imported only here
 
         return run_gui(attach=dict(endpoint=args.endpoint, replay=args.replay, topic=args.topic,
                                    metrics=args.metrics, record=args.record,
@@ -93,7 +93,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if args.record:  # refused in one line, nothing created (CliError: exit 2)
         from pathlib import Path
 
-        from kvscope.app.cli import check_record_path
+        from kvscope.app.cli.common import check_record_path
 
         check_record_path(Path(args.record), args.overwrite)
     parity = HashParity(settings) if args.hash_check else None
