@@ -65,6 +65,7 @@ class Mirror:
         self.num_stored = 0  # block stores applied (duplicates included)
         self.num_removed = 0  # block removes applied to a resident key
         self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
+        self.num_resets = 0  # AllBlocksCleared events applied
         self.evictions: Counter = Counter()  # whole second of the batch timestamp -> removes
         self.health = Health()
         # When a list: ("+", key, entry) for each key that became resident, ("-", key) for each
@@ -80,6 +81,7 @@ class Mirror:
             elif isinstance(e, Removed):
                 self._remove(rank, e, batch.ts)
             elif isinstance(e, Cleared):
+                self.num_resets += 1
                 self.clear(rank)
 
     def _store(self, rank: int, e: Stored) -> None:
@@ -179,6 +181,9 @@ class Mirror:
             lines.append(f"  removals: {self.num_removed} over {len(self.evictions)} s "
                          f"(busiest second: {max(self.evictions.values())}); "
                          f"cleared: {self.num_cleared}")
+        if self.num_resets:
+            lines.append(f"  resets (AllBlocksCleared): {self.num_resets}, blocks cleared "
+                         f"(resets and restarts): {self.num_cleared}")
         if self.parity is not None:
             lines += self.parity.lines()
         lines.append("health:")
