@@ -28,7 +28,9 @@ class Health:
     orphans: int = 0  # stored chains whose parent hash was not resident (history not seen)
     duplicate_stores: int = 0  # a store of a key already resident (another physical copy)
     unknown_removes: int = 0  # a remove of a key the mirror does not hold
-    restarts: int = 0  # the sequence went back: the publisher restarted
+    restarts: int = 0  # the sequence went back, or a replay showed a new lifetime
+    disconnects: int = 0  # times a stream's connection dropped
+    unsure: set = field(default_factory=set)  # endpoints disconnected since a replay answered
     bad_messages: int = 0  # frames or payloads that are not KV-event batches
     first_seq: dict = field(default_factory=dict)  # stream endpoint -> first sequence applied
     notes: deque = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
@@ -39,6 +41,10 @@ class Health:
     def lines(self) -> list[str]:
         recovered = ("no batches missed" if not self.missing else
                      f"{self.missing - self.lost} of {self.missing} missed batches recovered")
+        if self.unsure:
+            recovered = ("" if not self.missing else recovered + "; ") + \
+                "may have missed batches since a disconnect from " + \
+                ", ".join(sorted(self.unsure)) + " (until a replay answers)"
         late = {e: s for e, s in self.first_seq.items() if s > 0}
         if not self.first_seq:
             history = "nothing received"
@@ -53,7 +59,8 @@ class Health:
             f"history: {history}",
             f"orphan parents: {self.orphans}, duplicate stores: {self.duplicate_stores}, "
             f"removes of unknown blocks: {self.unknown_removes}",
-            f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}",
+            f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}, "
+            f"disconnects: {self.disconnects}",
         ]
 
 
