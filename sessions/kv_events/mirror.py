@@ -32,7 +32,9 @@ class Health:
     orphans: int = 0  # stored chains whose parent hash was not resident (history not seen)
     duplicate_stores: int = 0  # a store of a key already resident (another physical copy)
     unknown_removes: int = 0  # a remove of a key the mirror does not hold
-    restarts: int = 0  # the sequence went back: the publisher restarted
+    restarts: int = 0  # the sequence went back, or a replay showed a new lifetime
+    disconnects: int = 0  # times a stream's connection dropped
+    unsure: set = field(default_factory=set)  # endpoints disconnected since a replay answered
     bad_messages: int = 0  # frames or payloads that are not KV-event batches
     first_seq: dict = field(default_factory=dict)  # stream endpoint -> first sequence applied
     notes: deque = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
@@ -43,6 +45,10 @@ class Health:
     def lines(self) -> list[str]:
         recovered = ("no batches missed" if not self.missing else
                      f"{self.missing - self.lost} of {self.missing} missed batches recovered")
+        if self.unsure:
+            recovered = ("" if not self.missing else recovered + "; ") + \
+                "may have missed batches since a disconnect from " + \
+                ", ".join(sorted(self.unsure)) + " (until a replay answers)"
         late = {e: s for e, s in self.first_seq.items() if s > 0}
         if not self.first_seq:
             history = "nothing received"
@@ -57,7 +63,8 @@ class Health:
             f"history: {history}",
             f"orphan parents: {self.orphans}, duplicate stores: {self.duplicate_stores}, "
             f"removes of unknown blocks: {self.unknown_removes}",
-            f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}",
+            f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}, "
+            f"disconnects: {self.disconnects}",
         ]
 
 
@@ -71,6 +78,7 @@ class Mirror:
         self.num_stored = 0  # block stores applied (duplicates included)
         self.num_removed = 0  # block removes applied to a resident key
         self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
+        self.num_resets = 0  # AllBlocksCleared events applied
         self.evictions: Counter = Counter()  # whole second of the batch timestamp -> removes
         self.health = Health()
         # When a list: ("+", key, entry) for each key that became resident, ("-", key) for each
@@ -86,6 +94,7 @@ class Mirror:
             elif isinstance(e, Removed):
                 self._remove(rank, e, batch.ts)
             elif isinstance(e, Cleared):
+                self.num_resets += 1
                 self.clear(rank)
 
     def _store(self, rank: int, e: Stored) -> None:
@@ -202,6 +211,9 @@ class Mirror:
             lines.append(f"  removals: {self.num_removed} over {len(self.evictions)} s "
                          f"(busiest second: {max(self.evictions.values())}); "
                          f"cleared: {self.num_cleared}")
+        if self.num_resets:
+            lines.append(f"  resets (AllBlocksCleared): {self.num_resets}, blocks cleared "
+                         f"(resets and restarts): {self.num_cleared}")
         if self.parity is not None:
             lines += self.parity.lines()
         lines.append("health:")

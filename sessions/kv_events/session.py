@@ -75,15 +75,15 @@ class AttachSession:
         deadline = None if duration_s is None else time.monotonic() + duration_s
         poller = zmq.Poller()
         for a in self.attachments:
-            poller.register(a.sub, zmq.POLLIN)
+            for sock in a.sockets:  # live messages and connection events
+                poller.register(sock, zmq.POLLIN)
         next_tick = time.monotonic() + self.tick_s
         while not self._stop.is_set():
             now = time.monotonic()
             end = next_tick if deadline is None else min(next_tick, deadline)
-            ready = dict(poller.poll(max(0, int((end - now) * 1000)) + 1))
-            for a in self.attachments:
-                if a.sub in ready:
-                    a.poll(0)
+            poller.poll(max(0, int((end - now) * 1000)) + 1)
+            for a in self.attachments:  # what arrived, or a replay retry that is due
+                a.poll(0)
             now = time.monotonic()
             if now >= next_tick:
                 self.tick(now - next_tick + self.tick_s)
@@ -192,14 +192,16 @@ class AttachSession:
 
     def _short_health(self) -> tuple[str, bool]:
         h = self.mirror.health
-        lost = h.lost + h.bad_messages + h.restarts + h.orphans + self.slots.num_overflow
+        lost = h.lost + h.bad_messages + h.restarts + h.orphans + self.slots.num_overflow + \
+            len(h.unsure)
         if not h.first_seq:
             return "mirror: no events yet", h.bad_messages == 0
         late = [s for s in h.first_seq.values() if s > 0]
         coverage = "from seq 0" if not late else f"from seq {min(late)}"
         return (f"mirror: gaps {h.gaps} (repaired {h.repaired}) · replayed {h.replayed} · "
                 f"history {coverage} · orphans {h.orphans} · dup {h.duplicate_stores} · "
-                f"restarts {h.restarts}" + (f" · bad {h.bad_messages}" if h.bad_messages else ""),
+                f"restarts {h.restarts}" + (f" · bad {h.bad_messages}" if h.bad_messages else "")
+                + (" · disconnected: may have missed batches" if h.unsure else ""),
                 lost == 0 and not late)
 
     def _slot_lines(self) -> list[str]:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
 from kv_fake_publisher import FakePublisher, batch, removed, stored  # noqa: E402
 from kv_metrics_server import MetricsServer  # noqa: E402
 from kv_serve import finish, serve_kv_events  # noqa: E402
+from tcp_proxy import TcpProxy  # noqa: E402
 
 import kvscope.sessions.kv_events.session as attach_session  # noqa: E402
 
@@ -125,6 +126,30 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     assert w.timeline.token_plot.getAxis("right").style["showValues"]
     assert "darker = evicted sooner" in pool.legend.text()
     assert pool.hover_label.text() == "hover a block for details"
+
+
+def test_a_dropped_connection_shows_until_the_replay_answers(bare, qtbot, fake):
+    w = bare
+    proxy = TcpProxy(int(fake.endpoint.rpartition(":")[2]))  # the live stream goes through it
+    try:
+        attach_from_menu(w, qtbot, proxy.endpoint, fake.replay_endpoint)
+        fake.wait_subscribed(timeout_s=10)
+        fake.send(0, batch([stored([1, 2], None)]))
+        qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 2,
+                        timeout=5000)
+        health = w.attach_view.health
+        qtbot.waitUntil(lambda: health.text().startswith("● mirror: gaps 0"), timeout=3000)
+        proxy.down()
+        qtbot.waitUntil(lambda: "may have missed batches" in health.text(), timeout=5000)
+        assert health.text().startswith("▲ ")
+        fake.send(1, batch([stored([3], 2)]), live=False)  # published while cut off
+        proxy.up()
+        qtbot.waitUntil(lambda: w.snapshot.num_cached_blocks == 3, timeout=5000)
+        qtbot.waitUntil(lambda: health.text().startswith("● mirror: gaps 1 (repaired 1)"),
+                        timeout=3000)
+        assert "disconnects: 1" in health.toolTip() and w.frame_timer.isActive()
+    finally:
+        proxy.close()
 
 
 def test_bad_input_goes_to_the_banner_and_the_window_keeps_running(bare, qtbot, monkeypatch):

@@ -71,9 +71,11 @@ def mooncake(path, limit: int, block_size: int = 16) -> list[Req]:
     return reqs
 
 
-def play(side, reqs: list[Req], max_steps: int = 100_000, sequential: bool = False) -> Trace:
+def play(side, reqs: list[Req], max_steps: int = 100_000, sequential: bool = False,
+         on_step=None) -> Trace:
     """Run the requests to completion on `side` (VllmSide or OurSide). `sequential`: one
-    request at a time, freed right after its prefill and decodes (the lab's mode)."""
+    request at a time, freed right after its prefill and decodes (the lab's mode). on_step(step):
+    called after each step (a server publishes the step's events there)."""
     t = Trace()
     waiting = list(reqs)
     running: list[Req] = []
@@ -120,4 +122,6 @@ def play(side, reqs: list[Req], max_steps: int = 100_000, sequential: bool = Fal
                 ok = side.retry(r.rid)
                 t.removed.append((step, r.rid, side.take_removed()))
         t.resident.append(sorted(side.resident.items(), key=repr))
+        if on_step is not None:
+            on_step(step)
     raise AssertionError(f"not finished after {max_steps} steps")

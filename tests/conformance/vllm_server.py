@@ -8,13 +8,36 @@ import socket
 import time
 
 from pool_sides import VllmSide
-from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+from vllm.distributed.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    ZmqEventPublisher,
+)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_free(*ports: int, timeout_s: float = 5.0) -> None:
+    """Until nothing listens on the ports: a closed ZMQ socket lets go of its port a moment
+    after close() returns (its I/O thread closes it)."""
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while True:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+                try:
+                    s.bind(("", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.01)
 
 
 class VllmServer:
@@ -26,10 +49,13 @@ class VllmServer:
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.replay = f"tcp://127.0.0.1:{self.replay_port}"
         self.publisher = None
+        # What it published over all its lifetimes: block hashes stored and removed, resets.
+        self.num_stored = self.num_removed = self.num_resets = 0
         self.start()
 
     def start(self) -> None:
         """A fresh server: an empty cache, and a publisher counting from sequence 0."""
+        wait_free(self.port, self.replay_port)  # after a restart: the old sockets let go
         self.pending: list = []
         self.sent: list = []  # every event published, in order
         self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend,
@@ -45,6 +71,13 @@ class VllmServer:
     def step(self) -> None:
         """Publish what the calls since the last step produced, as one batch (none if none)."""
         if self.pending:
+            for e in self.pending:
+                if isinstance(e, BlockStored):
+                    self.num_stored += len(e.block_hashes)
+                elif isinstance(e, BlockRemoved):
+                    self.num_removed += len(e.block_hashes)
+                elif isinstance(e, AllBlocksCleared):
+                    self.num_resets += 1
             self.publisher.publish(KVEventBatch(ts=time.time(), events=list(self.pending)))
             self.sent += self.pending
             self.pending.clear()

@@ -4,7 +4,7 @@ replay on attach and on gaps (both reply layouts), restarts, bad frames."""
 import pytest
 from kv_fake_publisher import FakePublisher, batch, cleared, drain, removed, stored
 
-from kvscope.sessions.kv_events import Attachment, Mirror
+from kvscope.sessions.kv_events import Attachment, Mirror, decode_batch
 from kvscope.sessions.kv_events.subscriber import listen, rank_endpoint
 
 
@@ -32,7 +32,7 @@ def test_a_gap_is_repaired_by_replay(replay_layout):
         fake.send(2, batch([stored([4], 3), removed([1])], layout="array"), live=False)
         fake.send(3, batch([stored([5], 4)]))
         drain(a, 3)
-        assert fake.replay_requests == [1]
+        assert fake.replay_requests == [0]  # from the last batch applied: the restart check
         h = a.health
         assert (h.gaps, h.missing, h.repaired, h.lost, h.replayed) == (1, 2, 1, 0, 2)
         assert a.mirror.tree() == {2: 1, 3: 2, 4: 3, 5: 4} and h.orphans == 0
@@ -149,3 +149,12 @@ def test_rank_endpoints_follow_vllms_port_offset():
     assert rank_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
     with pytest.raises(ValueError, match="needs tcp://HOST:PORT"):
         rank_endpoint("ipc:///tmp/kv", 1)
+
+
+def test_a_reset_that_removes_nothing_is_counted_and_shown():
+    m = Mirror()
+    m.apply(decode_batch(batch([stored([1, 2], None)])))
+    m.apply(decode_batch(batch([cleared()])))
+    assert (m.num_resets, m.num_cleared, m.num_removed, m.num_resident) == (1, 2, 0, 0)
+    assert "  resets (AllBlocksCleared): 1, blocks cleared (resets and restarts): 2" in \
+        m.summary().splitlines()
