@@ -29,8 +29,9 @@ class CliError(Exception):
 
 
 def positive_int(text: str) -> int:
+    """An option's whole number of at least 1; digit groups may be marked ("20_000", "20,000")."""
     try:
-        value = int(text)
+        value = int(text.replace("_", "").replace(",", ""))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:

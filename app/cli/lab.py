@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.app.cli.common import positive_int
 from kvscope.lab import report
 from kvscope.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
 from kvscope.lab.traces import FORMATS, TraceError
@@ -23,9 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("trace", type=Path, metavar="TRACE")
     p.add_argument("--format", choices=(*FORMATS, "session"), default=None,
                    help="trace format (default: detected from the file)")
-    p.add_argument("--block-size", type=_positive, default=16,
+    p.add_argument("--block-size", type=positive_int, default=16,
                    help="tokens per block; must divide the trace's block (default 16)")
-    p.add_argument("--pool-blocks", type=_positive, nargs="+", default=None, metavar="N",
+    p.add_argument("--pool-blocks", type=positive_int, nargs="+", default=None, metavar="N",
                    help="pool sizes in blocks (default: 1/32, 1/8 and 1/2 of the blocks an "
                    "infinite cache would hold)")
     p.add_argument("--policy", nargs="+", choices=report.lab_policies(), default=["lru", "belady"],
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
                    help="sequential: each request admitted then freed in order; timed: "
                    "arrivals at trace time, held output_length x TPOT (default sequential)")
     p.add_argument("--tpot-ms", type=float, default=30.0, help="timed mode: ms per output token")
-    p.add_argument("--limit", type=_positive, default=None, help="first N requests only")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N requests only")
     p.add_argument("--csv", type=Path, default=None, metavar="OUT.csv")
     p.add_argument("--png", type=Path, default=None, metavar="OUT.png",
                    help="the miss-ratio curves: LRU (one pass) and the ceilings")
@@ -43,16 +44,6 @@ def add_parser(sub) -> None:
                    "cache over time and sizing advice (sequential mode); with --csv also "
                    "OUT-residency.csv")
     p.set_defaults(func=cmd_lab)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
