@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -11,6 +12,24 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:  # pragma: no cover - torch is a dependency
     pass
+
+
+@pytest.fixture(autouse=True)
+def _collect_between_qt_tests(request):
+    """No automatic garbage collection inside a Qt test; a collection after it instead. A
+    collection that starts inside a Qt call (seen: inside QObject::disconnect, from pyqtgraph)
+    can free an earlier test's widgets while Qt holds a signal lock their destructors need: the
+    test process hangs for good (a CI run under pytest-xdist did)."""
+    if "qtbot" not in request.fixturenames:
+        yield
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
