@@ -1,251 +1,97 @@
-"""File → Attach…: the dialog, and what the window adds while it shows an attached server (or a
-recording of one): the pool titled as hash slots, a note saying why, the mirror's health in the
-status bar, and per-step series on the timeline (blocks stored and removed, preemptions, KV
-usage, TTFT and ITL from the server's metrics). The panels themselves are not changed."""
+"""An attached vLLM or SGLang server (or `kvscope serve --kv-events`) as a frame source."""
 
 from __future__ import annotations
 
-import html
+from kvscope.app.frames import Frame, evicted_at
+from kvscope.app.sources.base import MAX_EVENTS, FrameSource
+from kvscope.sessions import SessionError
 
-import numpy as np
-import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (
-    QDialog,
-    QDialogButtonBox,
-    QFileDialog,
-    QFormLayout,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QPushButton,
-    QSpinBox,
-)
-
-from kvscope.app import palette
-from kvscope.app.frames import Frame
-from kvscope.engine import events as ev
-from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS
-
-SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
-              "not published); darker = stored earlier")
-HEALTHY, UNHEALTHY = "#1a7f37", palette.EVICTED_COLOR
+ATTACHED_READ_ONLY = ("An attached server's cache is shown, not changed: File → Detach returns "
+                      "to the engine")
 
 
-class AttachDialog(QDialog):
-    """Where to attach. Non-modal: `attach_requested(options)` when OK is pressed."""
+class AttachSource(FrameSource):
+    """A vLLM or SGLang server's KV events (or `kvscope serve --kv-events`): its cache mirrored
+    as hash slots (physical block ids are not published), one step per tick, on a thread of its
+    own (`AttachSession`). Problems (nothing arrives, not KV events, metrics unreadable) go to
+    `on_problem` one line each; the last `HISTORY` steps can be looked at again."""
 
-    attach_requested = Signal(dict)
+    live = True
+    attached = True
 
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setWindowTitle("Attach to a server's KV events")
-        self.endpoint = QLineEdit("tcp://127.0.0.1:5557")
-        self.endpoint.setToolTip("The server's KV-event PUB endpoint (vLLM --kv-events-config "
-                                 "'{\"publisher\": \"zmq\", \"endpoint\": ...}', or kvscope serve "
-                                 "--kv-events)")
-        self.replay = QLineEdit()
-        self.replay.setPlaceholderText("tcp://HOST:5558 (optional: history and gap repair)")
-        self.topic = QLineEdit()
-        self.topic.setPlaceholderText("(all topics)")
-        self.metrics = QLineEdit()
-        self.metrics.setPlaceholderText("http://HOST:8000/metrics (optional)")
-        self.record = QLineEdit()
-        self.record.setPlaceholderText("(optional) a .kvscope file to record to")
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        record_row = QHBoxLayout()
-        record_row.addWidget(self.record, 1)
-        record_row.addWidget(browse)
-        form = QFormLayout(self)
-        form.addRow("KV events endpoint", self.endpoint)
-        form.addRow("Replay endpoint", self.replay)
-        form.addRow("Topic", self.topic)
-        form.addRow("Metrics URL", self.metrics)
-        form.addRow("Record to", record_row)
-        self.slots = QSpinBox(minimum=16, maximum=1 << 20, value=DEFAULT_SLOTS)
-        self.slots.setToolTip("Cells in the pool view: one per block hash the server holds "
-                              "(physical block ids are not published)")
-        form.addRow("Hash slots", self.slots)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        self.buttons.button(QDialogButtonBox.Ok).setText("Attach")
-        self.buttons.accepted.connect(self._accept)
-        self.buttons.rejected.connect(self.reject)
-        form.addRow(self.buttons)
-        self.setMinimumWidth(520)
+    def __init__(self, endpoint: str, replay: str | None = None, topic: str = "",
+                 metrics: str | None = None, record: str | None = None, **options):
+        """Raises ValueError with a one-line message for an address that cannot be used."""
+        from kvscope.sessions.kv_events.session import AttachSession
 
-    def _browse(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Record the attached session to",
-                                              "attached.kvscope", "kvscope sessions (*.kvscope)")
-        if path:
-            self.record.setText(path)
+        self.session = AttachSession(endpoint, replay or None, topic, metrics or None,
+                                     record or None, **options)
+        self.name = endpoint
+        self.record_path = record or None
+        self.read_only = ATTACHED_READ_ONLY
+        self.on_problem = None  # called with each problem, one line
+        self.session.start()
 
-    def options(self) -> dict:
-        return dict(endpoint=self.endpoint.text().strip(), replay=self.replay.text().strip(),
-                    topic=self.topic.text(), metrics=self.metrics.text().strip(),
-                    record=self.record.text().strip(), slots=self.slots.value())
+    def take_frame(self) -> Frame | None:
+        s = self.session
+        for problem in s.take_problems():
+            if self.on_problem is not None:
+                self.on_problem(problem)
+        updates, metrics = s.take_updates()
+        if not updates:
+            return None
+        with s.lock:
+            snap, roots = s.latest, s.root_names
+        events = [e for u in updates for e in u.events]
+        del events[:-MAX_EVENTS]
+        return Frame(snapshot=snap, evicted=evicted_at(events, snap.step),
+                     records=[u.record for u in updates], events=events, requests=[],
+                     metrics=metrics, root_names=roots)
 
-    def _accept(self) -> None:
-        self.accept()
-        self.attach_requested.emit(self.options())
+    def newest(self) -> Frame:
+        with self.session.lock:
+            snap, roots = self.session.latest, self.session.root_names
+        return Frame(snapshot=snap, requests=[], root_names=roots)
 
+    everything = newest  # what was shown before stays in the panels that keep history
 
-def is_attached(source) -> bool:
-    """The source shows an attached server: live, or a recording of one."""
-    if getattr(source, "attached", False):
-        return True
-    try:
-        return str(source.settings().get("model") or "").startswith(ATTACH_PREFIX)
-    except Exception:  # noqa: BLE001 - a source that cannot say is not attached
-        return False
+    def step_range(self) -> tuple[int, int] | None:
+        with self.session.lock:
+            kept = list(self.session.history)
+        return (kept[0][0], kept[-1][0]) if kept else None
 
+    def frame_at(self, step: int) -> Frame:
+        with self.session.lock:
+            kept = dict(self.session.history)
+        if step not in kept:
+            raise SessionError(f"step {step} is no longer kept (an attached session keeps its "
+                               f"last {len(kept)} steps; a recording keeps all of them)")
+        return Frame(snapshot=kept[step], requests=[])
 
-class HealthLabel(QLabel):
-    """The mirror's health, always in the status bar: green when nothing was missed; a click
-    shows every line in Details."""
+    def health(self) -> tuple[str, list[str], bool]:
+        """(one line for the status bar, every line, True when nothing was missed)."""
+        s = self.session
+        with s.lock:
+            return s.health_short, list(s.health_lines), s.healthy
 
-    clicked = Signal()
+    def describe_slot(self, slot: int) -> str:
+        """What a hash slot of the pool view holds, as the mirror knows it now."""
+        try:
+            text = self.session.slots.describe(slot)
+        except (KeyError, RuntimeError):  # changed under us by the attach thread: ask again
+            text = None
+        return text or f"hash slot {slot}: empty (no block hash in it now)"
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt API
-        self.clicked.emit()
-        super().mousePressEvent(event)
+    def status_text(self, snap) -> str:
+        hit = f" · hit {snap.token_hit_rate:.0%} (metrics)" if snap.query_tokens else ""
+        return (f"attached · {self.name} · {snap.num_cached_blocks} resident blocks in "
+                f"{snap.num_blocks} hash slots · step {snap.step}{hit}")
 
-    def show_health(self, short: str, lines: list[str], ok: bool) -> None:
-        self.setText(("● " if ok else "▲ ") + short)
-        self.setStyleSheet(f"color: {HEALTHY if ok else UNHEALTHY}; padding: 0 4px")
-        self.setToolTip("Mirror health (click for details):\n" + "\n".join(lines))
+    def settings(self) -> dict:
+        cfg = self.session.slots.config
+        return {"model": f"attached: {self.name}", "num_blocks": cfg.num_blocks,
+                "block_size": cfg.block_size, "kv_cache_dtype": None,
+                "enable_prefix_caching": True, "policy": None}
 
-
-class AttachOverlay:
-    """What the window adds while it shows an attached server; inactive otherwise."""
-
-    def __init__(self, window):
-        self.w = window
-        self.active = False
-        self.note = QLabel(SLOTS_NOTE)
-        self.note.setWordWrap(True)
-        self.note.setStyleSheet("color: #555555; padding: 1px 4px")
-        self.note.hide()
-        self.health = HealthLabel()
-        self.health.hide()
-        self.health.clicked.connect(self.show_details)
-        window.selection.blocks_changed.connect(self._describe_slots)
-        tl = window.timeline
-        self._legend = tl.legend
-        self._token_label = tl.token_plot.getAxis("left").labelText
-        dash = Qt.PenStyle.DashLine
-        self.curves = {  # name -> (plot, curve)
-            "stored": (tl.token_plot, palette.CACHED_COLOR, None, "stored blocks"),
-            "removed": (tl.token_plot, palette.EVICTED_COLOR, None, "removed blocks"),
-            "preemptions": (tl.token_plot, "#000000", dash, "preemptions"),
-            "ttft": (tl.time_plot, "#0072b2", None, "TTFT ms (metrics)"),
-            "itl": (tl.time_plot, palette.DECODE_COLOR, dash, "ITL ms (metrics)"),
-            "kv_usage": (tl.hit_plot, "#7f3fbf", None, "KV usage % (metrics)"),
-            "hit_rate": (tl.hit_plot, palette.CACHED_COLOR, dash, "hit % (SGLang gauge)"),
-        }
-        self.items = {}
-        for name, (plot, color, style, _label) in self.curves.items():
-            pen = pg.mkPen(color, width=1, style=style or Qt.PenStyle.SolidLine)
-            item = pg.PlotDataItem(pen=pen)
-            item.hide()
-            plot.addItem(item)
-            self.items[name] = item
-        self.clear()
-
-    def clear(self) -> None:
-        self.data = {name: ([], []) for name in self.curves}
-        for item in self.items.values():
-            item.setData([], [])
-
-    # --------------------------------------------------------------- source
-    def set_source(self, source) -> None:
-        """Called after the panels were cleared for a new source."""
-        self.clear()
-        self.active = is_attached(source)
-        self.note.setVisible(self.active)
-        if self.active:
-            self.w.pool.set_terms("hash slot", "darker = stored earlier")
-        else:
-            self.w.pool.set_terms()
-        self.health.setVisible(getattr(source, "attached", False))
-        tl = self.w.timeline
-        for item in self.items.values():
-            item.setVisible(self.active)
-        if self.active:
-            items = [f"<span style='color:{c}'>{'┅' if s else '━'}</span>&nbsp;{label}"
-                     for _p, c, s, label in self.curves.values()]
-            tl.legend = ("<span style='color:#009e73'>━</span>&nbsp;resident (cached)"
-                         "&nbsp;&nbsp; " + "&nbsp;&nbsp; ".join(items) +
-                         "&nbsp;&nbsp; <span style='color:#009e73'>━</span>&nbsp;hit % "
-                         "(metrics)")
-            tl.token_plot.setLabel("left", "per step")
-        else:
-            tl.legend = self._legend
-            tl.token_plot.setLabel("left", self._token_label)
-        # an attached server publishes no batches: no batch axis crammed beside the counts
-        batch_axis = tl.token_plot.getAxis("right")
-        batch_axis.setStyle(showValues=not self.active)
-        batch_axis.setLabel("" if self.active else "batch")
-        tl.readout.setText(tl.legend)
-
-    # --------------------------------------------------------------- frames
-    def after_frame(self, frame: Frame) -> None:
-        if not self.active:
-            return
-        pool = self.w.pool
-        snap = self.w.snapshot
-        if snap is not None and pool.title.text().startswith("<b>Block pool</b>"):
-            pool.title.setText(f"<b>Hash slots</b> · {snap.num_cached_blocks} resident of "
-                               f"{snap.num_blocks} slots · {snap.block_size} tokens per block")
-        if frame.records:
-            self._add(frame)
-        source = self.w.source
-        if getattr(source, "attached", False):
-            self.health.show_health(*source.health())
-
-    def _add(self, frame: Frame) -> None:
-        steps = [r.step for r in frame.records]
-        stored = dict.fromkeys(steps, 0)
-        removed = dict.fromkeys(steps, 0)
-        for e in frame.events:
-            if e.kind == ev.CACHED and e.step in stored:
-                stored[e.step] += len(e.blocks)
-            elif e.kind == ev.UNCACHED and e.step in removed:
-                removed[e.step] += len(e.blocks)
-        self._extend("stored", steps, list(stored.values()))
-        self._extend("removed", steps, list(removed.values()))
-        self._extend("preemptions", steps, [r.num_preempted for r in frame.records])
-        for step, m in frame.metrics:
-            for name, scale in (("ttft", 1e3), ("itl", 1e3), ("kv_usage", 100.0),
-                                ("hit_rate", 100.0)):
-                if name in m:
-                    self._extend(name, [step], [m[name] * scale])
-        for name, (x, y) in self.data.items():
-            self.items[name].setData(np.asarray(x, float), np.asarray(y, float))
-
-    def _extend(self, name: str, x: list, y: list) -> None:
-        xs, ys = self.data[name]
-        xs.extend(x)
-        ys.extend(y)
-
-    def _describe_slots(self, blocks) -> None:
-        """A click on a cell: what the server holds in that slot (after Details' own text)."""
-        source = self.w.source
-        if not blocks or not getattr(source, "attached", False):
-            return
-        lines = [source.describe_slot(int(b)) for b in list(blocks)[:20]]
-        self.w.details.show_text("Hash slot" + ("s" if len(lines) > 1 else ""),
-                                 "<br>".join(html.escape(x) for x in lines))
-
-    def show_details(self) -> None:
-        source = self.w.source
-        if not getattr(source, "attached", False):
-            return
-        short, lines, ok = source.health()
-        self.w.docks["details"].show()
-        self.w.docks["details"].raise_()
-        self.w.details.help_button.setChecked(False)  # the health lines get its room
-        self.w.details.show_text("Mirror health" + ("" if ok else " (something was missed)"),
-                                 "<br>".join(html.escape(x) for x in lines + [SLOTS_NOTE]))
-
-
+    def close(self) -> None:
+        self.session.stop()

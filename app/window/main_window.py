@@ -40,8 +40,10 @@ from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.selection import Selection
-from kvscope.app.sources.attach import AttachDialog, AttachOverlay
-from kvscope.app.sources.base import FrameSource, LiveSource, ReplaySource
+from kvscope.app.sources.base import FrameSource
+from kvscope.app.sources.live import LiveSource
+from kvscope.app.sources.replay import ReplaySource
+from kvscope.app.window.attach_view import AttachDialog, AttachOverlay
 from kvscope.app.window.banner import ErrorBanner
 from kvscope.app.window.range_export import RangeExporter
 from kvscope.app.window.replay_bar import ReplayBar
@@ -517,7 +519,7 @@ class MainWindow(QMainWindow):
             self.worker.stop_recording()
             return
         self.act_record.setChecked(False)  # checked once the worker says it records
-        if getattr(self.source, "attached", False):
+        if self.source.attached:
             self.banner.show_error("An attached server is recorded from File → Attach… "
                                    "(Record to), or with kvscope attach --record FILE.")
             return
@@ -614,7 +616,7 @@ class MainWindow(QMainWindow):
     def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
                record: str = "", slots: int | None = None, dp_ranks: int = 1) -> bool:
         """Show a server's KV events. A bad address shows the banner and changes nothing."""
-        from kvscope.app.sources.base import AttachSource
+        from kvscope.app.sources.attach import AttachSource
 
         try:
             source = AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks,
@@ -631,7 +633,7 @@ class MainWindow(QMainWindow):
     @property
     def reader(self):
         """The session being replayed (None: live)."""
-        return getattr(self.source, "reader", None)
+        return self.source.reader
 
     def shown_session(self) -> str | None:
         """The session file behind the steps shown: the replayed file or the live engine's
@@ -656,10 +658,10 @@ class MainWindow(QMainWindow):
         self.replay_bar.play_button.setChecked(False)
         self.selection.reset()
         self.attach_view.set_source(source)
-        self.act_detach.setEnabled(getattr(source, "attached", False))
-        if not getattr(source, "attached", False) and self.recording_path is None:
+        self.act_detach.setEnabled(source.attached)
+        if not source.attached and self.recording_path is None:
             self.recording_label.setText("")
-        ours = source.live and not getattr(source, "attached", False)  # our engine, live
+        ours = source.live and not source.attached  # our engine, live
         self.tree.set_identity(self.model_name if ours else
                                str(source.settings().get("model") or ""), not source.live)
         if source.live:

@@ -22,7 +22,7 @@ class StatusLine(QLabel):
         usage = (f"{snap.num_active_blocks}/{snap.num_blocks} used · {snap.num_cached_blocks} "
                  f"cached · {snap.num_free_blocks} free · step {snap.step} · hit "
                  f"{snap.token_hit_rate:.0%}")
-        if hasattr(source, "status_text"):  # an attached server
+        if source.status_text(snap) is not None:  # an attached server
             self.setText(source.status_text(snap))
             return
         if not source.live:
