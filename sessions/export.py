@@ -23,7 +23,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import astuple, fields
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 from kvscope.engine import events as ev
@@ -266,42 +267,106 @@ def check_output(session_path: str | os.PathLike, out_path: str | os.PathLike) -
 
 def export_chrome_trace(session, out_path: str | os.PathLike) -> Path:
     """`kvscope export SESSION --chrome-trace OUT.json`."""
-    reader, owned = _open(session)
-    try:
-        check_output(reader.path, out_path)
-        trace = chrome_trace(reader)
-    finally:
-        if owned:
-            reader.close()
-    out = Path(out_path)
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(trace, f, separators=(",", ":"))
-    return out
+    return export_session(session, EXPORTERS[0], out_path)[0]
 
 
 def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
     """`kvscope export SESSION --csv DIR`: DIR/requests.csv and DIR/steps.csv."""
+    return export_session(session, EXPORTERS[1], out_dir)
+
+
+def _trace_whole(reader: SessionReader, out: Path) -> list[Path]:
+    _write_trace(out, chrome_trace(reader))
+    return [out]
+
+
+def _write_trace(path: Path, trace: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f, separators=(",", ":"))
+
+
+def _csv_whole(reader: SessionReader, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    req_path = out / "requests.csv"
+    names = [f.name for f in fields(RecordedRequest)]
+    rows = []
+    for r in reader.requests():
+        row = list(astuple(r))
+        row[names.index("params")] = json.dumps(r.params)
+        rows.append(row)
+    _write_steps(req_path, names, rows)
+    steps_path = out / "steps.csv"
+    _write_steps(steps_path, *reader.step_table())
+    return [req_path, steps_path]
+
+
+def _csv_range(reader: SessionReader, out: Path, lo: int, hi: int) -> None:
+    cols, rows = reader.step_table()
+    i = cols.index("step")
+    _write_steps(out, cols, [r for r in rows if lo <= r[i] <= hi])
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """One way out of a session: the CLI flag `--{name}` and the window's Export dialog (its
+    filter is `title` and the suffix, or "a folder") come from this row; with `range_suffix`,
+    the timeline's "Export this range…" offers it too (filter `range_title`), one file."""
+
+    name: str  # the CLI flag without "--"
+    metavar: str  # the CLI's placeholder for the output
+    title: str  # what the Export dialog's filter says
+    suffix: str  # the whole session's output: a file with this suffix ("" : a folder)
+    write: Callable[[SessionReader, Path], list[Path]]  # the whole session; the paths written
+    files: tuple[str, ...] = ()  # a folder's files (checked before anything is written)
+    note: str = ""  # said after writing (the CLI prints it after the path)
+    range_title: str = ""  # the range export's filter ("" : not offered there)
+    range_suffix: str = ""
+    write_range: Callable[[SessionReader, Path, int, int], None] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def dialog_filter(self) -> str:
+        return f"{self.title} (*{self.suffix})" if self.suffix else f"{self.title} (a folder)"
+
+    @property
+    def range_filter(self) -> str:
+        return f"{self.range_title} (*{self.range_suffix})"
+
+    def outputs(self, out: str | os.PathLike) -> list[Path]:
+        """Every path writing to `out` touches (to check them all before writing any)."""
+        return [Path(out), *(Path(out) / name for name in self.files)]
+
+
+EXPORTERS: list[Exporter] = [
+    Exporter("chrome-trace", "OUT.json", "Chrome trace for ui.perfetto.dev", ".json",
+             _trace_whole, note="(open it in https://ui.perfetto.dev)",
+             range_title="Chrome trace for ui.perfetto.dev", range_suffix=".json",
+             write_range=lambda reader, out, lo, hi: _write_trace(out,
+                                                                  chrome_trace(reader, lo, hi))),
+    Exporter("csv", "DIR", "CSV files", "", _csv_whole, files=("requests.csv", "steps.csv"),
+             range_title="One row per step", range_suffix=".csv", write_range=_csv_range),
+]
+
+
+def range_exporters() -> list[Exporter]:
+    """The rows the range export offers (the first is what an unknown suffix gets)."""
+    return [x for x in EXPORTERS if x.write_range is not None]
+
+
+def export_session(session, exporter: Exporter, out: str | os.PathLike) -> list[Path]:
+    """The whole session through one exporter: every output path is checked first (never over
+    the session); returns the paths written."""
     reader, owned = _open(session)
-    out = Path(out_dir)
     try:
-        for name in ("", "requests.csv", "steps.csv"):
-            check_output(reader.path, out / name)
-        out.mkdir(parents=True, exist_ok=True)
-        req_path = out / "requests.csv"
-        names = [f.name for f in fields(RecordedRequest)]
-        with open(req_path, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(names)
-            for r in reader.requests():
-                row = list(astuple(r))
-                row[names.index("params")] = json.dumps(r.params)
-                w.writerow(row)
-        steps_path = out / "steps.csv"
-        _write_steps(steps_path, *reader.step_table())
+        for path in exporter.outputs(out):
+            check_output(reader.path, path)
+        return exporter.write(reader, Path(out))
     finally:
         if owned:
             reader.close()
-    return [req_path, steps_path]
 
 
 def _write_steps(path: Path, cols: list[str], rows) -> None:
@@ -313,12 +378,11 @@ def _write_steps(path: Path, cols: list[str], rows) -> None:
 
 def export_range(session, out_path: str | os.PathLike, first: int, last: int,
                  overwrite: bool = False) -> tuple[int, int]:
-    """Steps first..last of a session to one file: a Chrome trace (OUT.json, what
-    `chrome_trace(reader, first, last)` gives) or the steps' rows (OUT.csv, the columns of
-    `export_csv`'s steps.csv). Never over the session; over an existing file only when
-    `overwrite` (FileExistsError otherwise). Returns the steps written: the range as far as the
-    session has it (a live history may not have written the newest steps yet); ValueError when
-    it has none of them."""
+    """Steps first..last of a session to one file, by the range exporter of its suffix (a
+    Chrome trace for .json and any other suffix, the steps' rows for .csv). Never over the
+    session; over an existing file only when `overwrite` (FileExistsError otherwise). Returns
+    the steps written: the range as far as the session has it (a live history may not have
+    written the newest steps yet); ValueError when it has none of them."""
     reader, owned = _open(session)
     out = Path(out_path)
     part = out.with_name(out.name + ".part")
@@ -332,13 +396,7 @@ def export_range(session, out_path: str | os.PathLike, first: int, last: int,
         if reader.num_steps == 0 or lo > hi:
             raise ValueError(f"the session has none of the steps {first}–{last}")
         started = True
-        if out.suffix.lower() == ".csv":
-            cols, rows = reader.step_table()
-            i = cols.index("step")
-            _write_steps(part, cols, [r for r in rows if lo <= r[i] <= hi])
-        else:
-            with open(part, "w", encoding="utf-8") as f:
-                json.dump(chrome_trace(reader, lo, hi), f, separators=(",", ":"))
+        exporter_for_suffix(out.suffix).write_range(reader, part, lo, hi)
         os.replace(part, out)  # a failed export leaves no half-written file behind
     finally:
         if started:
@@ -346,3 +404,9 @@ def export_range(session, out_path: str | os.PathLike, first: int, last: int,
         if owned:
             reader.close()
     return lo, hi
+
+
+def exporter_for_suffix(suffix: str) -> Exporter:
+    """The range exporter that writes files with `suffix` (the first one for any other)."""
+    rows = range_exporters()
+    return next((x for x in rows if x.range_suffix == suffix.lower()), rows[0])

@@ -1,43 +1,41 @@
-"""`kvscope export`: a recorded session as a Chrome trace (Perfetto) and/or CSV files."""
+"""`kvscope export`: a recorded session through one or more of the exporters (`EXPORTERS`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 
 from kvscope.app.cli.common import CliError
 
 
 def add_parser(sub) -> None:
+    from kvscope.sessions.export import EXPORTERS
+
     exp = sub.add_parser("export", help="export a recorded session (Perfetto trace, CSV)",
-                         description="Export a .kvscope session: Chrome Trace Event JSON that "
-                         "opens in ui.perfetto.dev, and/or requests.csv and steps.csv.")
+                         description="Export a .kvscope session: " + "; ".join(
+                             f"--{x.name}: {x.dialog_filter}" for x in EXPORTERS) + ".")
     exp.add_argument("session", metavar="SESSION")
-    exp.add_argument("--chrome-trace", metavar="OUT.json", default=None)
-    exp.add_argument("--csv", metavar="DIR", default=None)
+    for x in EXPORTERS:
+        exp.add_argument(f"--{x.name}", dest=x.dest, metavar=x.metavar, default=None,
+                         help=x.dialog_filter)
     exp.set_defaults(func=cmd_export)
 
 
-
 def cmd_export(args: argparse.Namespace) -> int:
-    from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
-    from kvscope.sessions.export import check_output
+    from kvscope.sessions import SessionError, SessionReader
+    from kvscope.sessions.export import EXPORTERS, check_output, export_session
 
-    if not (args.chrome_trace or args.csv):
-        raise CliError("export: give --chrome-trace OUT.json and/or --csv DIR")
-    outputs = [args.chrome_trace] if args.chrome_trace else []
-    if args.csv:
-        outputs += [args.csv, *(os.path.join(args.csv, n) for n in ("requests.csv", "steps.csv"))]
+    chosen = [(x, getattr(args, x.dest)) for x in EXPORTERS if getattr(args, x.dest, None)]
+    if not chosen:
+        raise CliError("export: give " + " and/or ".join(f"--{x.name} {x.metavar}"
+                                                         for x in EXPORTERS))
     try:
-        for out in outputs:  # all of them before anything is written
-            check_output(args.session, out)
+        for x, out in chosen:  # all of them before anything is written
+            for path in x.outputs(out):
+                check_output(args.session, path)
         with SessionReader(args.session) as reader:
-            if args.chrome_trace:
-                out = export_chrome_trace(reader, args.chrome_trace)
-                print(f"wrote {out} (open it in https://ui.perfetto.dev)")
-            if args.csv:
-                for p in export_csv(reader, args.csv):
-                    print(f"wrote {p}")
+            for x, out in chosen:
+                for p in export_session(reader, x, out):
+                    print(f"wrote {p}" + (f" {x.note}" if x.note else ""))
     except SessionError as e:
         raise CliError(str(e)) from None
     except (OSError, ValueError) as e:

@@ -714,30 +714,10 @@ class MainWindow(QMainWindow):
         else:
             self.status.setText(f"{self.model_name} · live · {HINT}")
 
-    def export_dialog(self) -> None:
+    def export_dialog(self) -> list:
+        """File → Export…: the replayed session, or the last one recorded."""
         path = str(self.reader.path) if self.reader is not None else self.last_session
-        if path is None:
-            self.banner.show_error("Nothing to export yet: record a session (Ctrl+R) or open "
-                                   "one (Ctrl+O).")
-            return
-        out, kind = QFileDialog.getSaveFileName(
-            self, "Export the session", str(Path(path).with_suffix(".json")),
-            "Chrome trace for ui.perfetto.dev (*.json);;CSV files (a folder)")
-        if out:
-            self.export(path, out, csv=kind.startswith("CSV"))
-
-    def export(self, session: str, out: str, csv: bool = False) -> list[str]:
-        from kvscope.sessions import SessionError, SessionReader, export_chrome_trace, export_csv
-
-        try:
-            with SessionReader(session) as reader:
-                written = ([str(p) for p in export_csv(reader, out)] if csv
-                           else [str(export_chrome_trace(reader, out))])
-        except (SessionError, OSError) as e:
-            self.banner.show_error(f"Export failed: {e}")
-            return []
-        self.statusBar().showMessage("wrote " + ", ".join(written), 8000)
-        return written
+        return self.range_export.export_session(path)
 
     def _watch_request(self, rid) -> None:
         """The selected request's text: the engine sends it (and its output as it grows) with

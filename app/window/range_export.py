@@ -1,7 +1,9 @@
-"""The timeline's "Export this range": steps first..last of the session behind the window (the
-replayed file, or the live engine's history) to a file the user picks, a Chrome trace (.json,
-for ui.perfetto.dev) or one row per step (.csv). Never over the session, never over an existing
-file without asking. `ask_path` and `confirm_overwrite` are the seams tests replace."""
+"""File → Export… (the whole session) and the timeline's "Export this range" (steps first..last
+of the session behind the window: the replayed file, or the live engine's history), to a path
+the user picks, by any of the exporters in `sessions.export.EXPORTERS` (a Chrome trace for
+ui.perfetto.dev, CSV, ...; the dialogs' filters come from that table). Never over the session,
+never over an existing file without asking. `ask_path` and `confirm_overwrite` are the seams
+tests replace."""
 
 from __future__ import annotations
 
@@ -12,10 +14,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
 
 from kvscope.sessions import SessionError
-from kvscope.sessions.export import check_output, export_range
-
-TRACE_FILTER = "Chrome trace for ui.perfetto.dev (*.json)"
-CSV_FILTER = "One row per step (*.csv)"
+from kvscope.sessions import export as exporters
+from kvscope.sessions.export import check_output, export_range, export_session, range_exporters
 
 
 class RangeExporter:
@@ -25,10 +25,10 @@ class RangeExporter:
         the window shows a failure and a result."""
         self.parent, self.session, self.error, self.note = parent, session, error, note
 
-    def ask_path(self, suggested: str) -> tuple[str, str]:
+    def ask_path(self, title: str, suggested: str, filters: list[str]) -> tuple[str, str]:
         """(path, chosen filter); an empty path: cancelled."""
         return QFileDialog.getSaveFileName(
-            self.parent, "Export this range of steps", suggested, f"{TRACE_FILTER};;{CSV_FILTER}",
+            self.parent, title, suggested, ";;".join(filters),
             options=QFileDialog.DontConfirmOverwrite)  # asked below, the same on every platform
 
     def confirm_overwrite(self, path: Path) -> bool:
@@ -43,14 +43,16 @@ class RangeExporter:
             self.error("Nothing to export: these steps come from no session file (record the "
                        "run, or open a session)")
             return None
-        folder = Path(session).parent if Path(session).parent.is_dir() else Path.home()
-        name = f"{Path(session).stem}-steps-{first}-{last}.json"
-        path, chosen = self.ask_path(str(folder / name))
+        rows = range_exporters()
+        name = f"{Path(session).stem}-steps-{first}-{last}{rows[0].range_suffix}"
+        path, chosen = self.ask_path("Export this range of steps", str(_folder(session) / name),
+                                     [x.range_filter for x in rows])
         if not path:
             return None
         out = Path(path)
-        if out.suffix.lower() not in (".json", ".csv"):
-            out = out.with_name(out.name + (".csv" if chosen == CSV_FILTER else ".json"))
+        if out.suffix.lower() not in {x.range_suffix for x in rows}:
+            x = next((x for x in rows if x.range_filter == chosen), rows[0])
+            out = out.with_name(out.name + x.range_suffix)
         try:  # the path as chosen too: the session itself, given a suffix, is still refused
             check_output(session, path)
             check_output(session, out)  # before asking whether to replace it
@@ -71,3 +73,42 @@ class RangeExporter:
                  if hi < last else "")
         self.note(f"wrote steps {lo}–{hi} ({hi - lo + 1}) to {out}{later}")
         return out
+
+    def export_session(self, session: str | None) -> list[Path]:
+        """File → Export…: the whole session, by the exporter whose filter is picked."""
+        if session is None:
+            self.error("Nothing to export yet: record a session (Ctrl+R) or open one (Ctrl+O).")
+            return []
+        rows = exporters.EXPORTERS  # the table as it is now
+        first = rows[0]
+        path, chosen = self.ask_path("Export the session",
+                                     str(Path(session).with_suffix(first.suffix)),
+                                     [x.dialog_filter for x in rows])
+        if not path:
+            return []
+        x = next((x for x in rows if x.dialog_filter == chosen), first)
+        out = Path(path)
+        if x.suffix and out.suffix.lower() != x.suffix:
+            out = out.with_name(out.name + x.suffix)
+        try:
+            for p in x.outputs(out):
+                check_output(session, p)
+        except ValueError as e:
+            self.error(f"Export refused: {e}")
+            return []
+        if x.suffix and out.exists() and not self.confirm_overwrite(out):
+            return []
+        QApplication.setOverrideCursor(Qt.WaitCursor)
+        try:
+            written = export_session(session, x, out)
+        except (ValueError, SessionError, OSError) as e:
+            self.error(f"Export failed: {e}")
+            return []
+        finally:
+            QApplication.restoreOverrideCursor()
+        self.note("wrote " + ", ".join(map(str, written)))
+        return written
+
+
+def _folder(session: str) -> Path:
+    return Path(session).parent if Path(session).parent.is_dir() else Path.home()

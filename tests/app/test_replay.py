@@ -70,7 +70,8 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
     assert window.replay_bar.step == 5
 
     out = tmp_path / "trace.json"
-    assert window.export(str(path), str(out)) == [str(out)]
+    window.range_export.ask_path = lambda title, suggested, filters: (str(out), filters[0])
+    assert window.export_dialog() == [out]
     trace = json.loads(out.read_text())
     assert trace["traceEvents"]
     window.leave_replay()

@@ -14,9 +14,9 @@ from PySide6.QtCore import QPointF, Qt
 from test_timeline_wall_clock import at_x
 from window_testutil import open_replay, open_window, step
 
-from kvscope.app.window.range_export import CSV_FILTER, TRACE_FILTER
 from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.sessions import SessionReader
+from kvscope.sessions.export import range_exporters
 
 PARAMS = SamplingParams(max_tokens=30, ignore_eos=True)
 
@@ -52,6 +52,9 @@ def drag_range(t, qtbot, a: float, b: float) -> None:
     qtbot.mouseRelease(vp, Qt.LeftButton, Qt.ShiftModifier, at_x(t, b))
 
 
+TRACE_FILTER, CSV_FILTER = (x.range_filter for x in range_exporters())
+
+
 class Dialogs:
     """The file dialog and the replace question, answered by the test."""
 
@@ -61,8 +64,8 @@ class Dialogs:
         window.range_export.ask_path = self.ask_path
         window.range_export.confirm_overwrite = self.confirm
 
-    def ask_path(self, suggested):
-        self.suggested = suggested
+    def ask_path(self, title, suggested, filters):
+        self.suggested, self.filters = suggested, filters
         return str(self.path), self.chosen
 
     def confirm(self, path):
