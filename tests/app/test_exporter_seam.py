@@ -12,7 +12,6 @@ from test_timeline_export import drag_range
 from window_testutil import open_replay
 
 from kvscope.app.cli.main import main
-from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.sessions import export as export_mod
 from kvscope.sessions.export import Exporter
 
@@ -35,23 +34,6 @@ DUMMY = Exporter("tokens-txt", "OUT.txt", "Tokens per step, as text", ".txt", _t
 @pytest.fixture
 def with_dummy(monkeypatch):
     monkeypatch.setattr(export_mod, "EXPORTERS", [*export_mod.EXPORTERS, DUMMY])
-
-
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    from kvscope.engine import Engine
-    from kvscope.sessions import Recorder
-
-    path = tmp_path_factory.mktemp("seam") / "run.kvscope"
-    engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=32, block_size=16))
-    with Recorder(path, engine):
-        for i in range(4):
-            engine.add_request(f"Question {i} about sets? " * 3,
-                               SamplingParams(max_tokens=12, ignore_eos=True))
-            engine.step()
-        while engine.has_unfinished():
-            engine.step()
-    return path
 
 
 def test_a_new_exporter_is_a_cli_flag(with_dummy, session, tmp_path, capsys):

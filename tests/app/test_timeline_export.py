@@ -14,28 +14,11 @@ from PySide6.QtCore import QPointF, Qt
 from test_timeline_wall_clock import at_x
 from window_testutil import open_replay, open_window, step
 
-from kvscope.engine.config import EngineConfig, SamplingParams
+from kvscope.engine.config import SamplingParams
 from kvscope.sessions import SessionReader
 from kvscope.sessions.export import range_exporters
 
 PARAMS = SamplingParams(max_tokens=30, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    """A demo-model session of 40-odd steps."""
-    from kvscope.engine import Engine
-    from kvscope.sessions import Recorder
-
-    path = tmp_path_factory.mktemp("range") / "run.kvscope"
-    engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=32, block_size=16))
-    with Recorder(path, engine):
-        for i in range(12):
-            engine.add_request(f"Question {i} about lists and tuples? " * (1 + i % 3), PARAMS)
-            engine.step()
-        while engine.has_unfinished():
-            engine.step()
-    return path
 
 
 @pytest.fixture
