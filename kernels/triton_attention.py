@@ -38,6 +38,26 @@ def _load_kv_tile(cache_ptr, table_row_ptr, offs_n, n_mask, dims, d_mask, kv_hea
                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, n_mask, visible,
+                 dims, d_mask, kv_head, qk_scale, stride_cb, stride_cs, stride_ch,
+                 PAGE: tl.constexpr, PRECISION: tl.constexpr):
+    """One key/value tile into the running softmax (m_i, l_i, acc) of the query rows `q`;
+    `visible` masks the scores (rows x keys)."""
+    k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                      stride_cb, stride_cs, stride_ch, PAGE)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
+                      stride_cb, stride_cs, stride_ch, PAGE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["stride_tb"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, cu_ptr, ctx_ptr,
@@ -76,19 +96,10 @@ def _prefill_kernel(
     for start in range(0, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                          stride_cb, stride_cs, stride_ch, PAGE)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                          stride_cb, stride_cs, stride_ch, PAGE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
+                                     offs_n, n_mask, visible, dims, d_mask, kv_head, qk_scale,
+                                     stride_cb, stride_cs, stride_ch, PAGE, PRECISION)
 
     out = acc * (v_scale / l_i)[:, None]
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + dims[None, :],
@@ -135,18 +146,9 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                          stride_cb, stride_cs, stride_ch, PAGE)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                          stride_cb, stride_cs, stride_ch, PAGE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
+                                     offs_n, n_mask, n_mask[None, :], dims, d_mask, kv_head,
+                                     qk_scale, stride_cb, stride_cs, stride_ch, PAGE, PRECISION)
 
     # An empty partition stores m = -inf, l = 0, acc = 0: weight zero in the reduction.
     part = (seq * NUM_HEADS + heads) * num_splits + split
