@@ -106,7 +106,7 @@ class LabOpening(QObject):
         self.dialog.setAutoClose(False)
         self.dialog.setAutoReset(False)
         self.dialog.canceled.connect(self.cancel)
-        self.thread.progressed.connect(self.dialog.setValue)  # queued: the dialog's thread
+        self.thread.progressed.connect(self._progressed)  # queued: to this (GUI) thread
         self.thread.finished.connect(self._finished)
         _OPENING.add(self)  # kept until the thread ends, whoever drops it
         if parent is not None:  # a window closed while it opens: the pass stops too
@@ -123,8 +123,12 @@ class LabOpening(QObject):
         if self.cancelled:
             return
         self._stop()
-        self.thread.progressed.disconnect(self.dialog.setValue)  # progress still queued
-        self.dialog.close()  # would show the dialog again
+        self.dialog.close()
+
+    @Slot(int)
+    def _progressed(self, done: int) -> None:
+        if not self.cancelled:  # progress still queued would show the dialog again
+            self.dialog.setValue(done)
 
     @Slot()
     def _stop(self) -> None:

@@ -4,9 +4,13 @@ worker processes: lab.py)."""
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QThread, Signal
 
 from kvscope.lab.replay import WhatIfReplay
+
+YIELD_S = 0.001
 
 
 class ReplayThread(QThread):
@@ -25,9 +29,16 @@ class ReplayThread(QThread):
     def run(self) -> None:
         try:
             self.ok = self.replay.run(lambda done, _n: self.progressed.emit(done),
-                                      lambda: self._cancelled)
+                                      self._stopped)
         except Exception as e:  # noqa: BLE001 - shown in the banner, the window keeps running
             self.error = str(e) or type(e).__name__
+
+    def _stopped(self) -> bool:
+        """Asked once a step: a moment without the GIL for the GUI thread, then whether to
+        stop. (Without it the GUI thread, woken by a timer, could wait a second for the GIL
+        on a busy machine.)"""
+        time.sleep(YIELD_S)
+        return self._cancelled
 
     def cancel(self) -> None:
         self._cancelled = True
