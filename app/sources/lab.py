@@ -1,84 +1,53 @@
 """A what-if lab replay as a frame source: the window shows a trace replayed through the real
 `KVCacheManager` at one pool size and policy like any session, read-only.
 
-Sequential mode, one step per request: at step i request i is admitted (it holds its prompt's
-blocks, shown as running), and it is freed when step i+1 begins. Hits and explanations are the
-manager's own. The replay is deterministic, so a past step is shown by replaying again up to it
-(from the start when the cursor moves back); one pass at opening gives the timeline."""
+The run is `kvscope.lab.replay.WhatIfReplay` (sequential mode, one step per request: at step i
+request i is admitted and shown running, and freed when step i+1 begins): one pass gives the
+timeline; a past step comes from the replay's nearest checkpoint. This source only turns what
+the replay gives into frames. `open_lab_source` runs the pass off the GUI thread, with a
+progress dialog and Cancel; `LabSource(trace, ...)` runs it where it is called."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
+from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtWidgets import QProgressDialog
 
 from kvscope.app.frames import Frame, RequestRow, evicted_at
 from kvscope.app.sources.base import MAX_EVENTS, FrameSource
-from kvscope.engine.dead import dead_blocks_in_pool
+from kvscope.app.workers.lab_replay import ReplayThread
 from kvscope.engine.explain import MissExplanation
-from kvscope.engine.kv_cache_manager import KVCacheManager
-from kvscope.engine.metrics import StepRecord
+from kvscope.lab.replay import WhatIfReplay
 from kvscope.lab.traces import Trace
-from kvscope.lab.whatif import block_hashes
 from kvscope.sessions import SessionError
 
-DEAD_SAMPLES = 200  # steps at which the opening pass counts dead blocks, for the timeline
 READ_ONLY = "A what-if lab replay cannot be changed: press Back to live to use the engine"
+
+
+def lab_replay(trace: Trace, pool_blocks: int, block_size: int = 16,
+               policy: str = "lru") -> WhatIfReplay:
+    """The run a LabSource shows, not yet run (a trace without requests: SessionError)."""
+    if not trace.requests:
+        raise SessionError(f"{trace.name}: the trace has no requests")
+    return WhatIfReplay(trace, pool_blocks, block_size, policy, keep_events=MAX_EVENTS)
 
 
 class LabSource(FrameSource):
     def __init__(self, trace: Trace, pool_blocks: int, block_size: int = 16,
-                 policy: str = "lru"):
-        if not trace.requests:
-            raise SessionError(f"{trace.name}: the trace has no requests")
+                 policy: str = "lru", replay: WhatIfReplay | None = None):
+        """`replay`: the run already made (lab_replay(...).run(), e.g. on a worker thread);
+        without it the run is made here."""
+        if replay is None:
+            replay = lab_replay(trace, pool_blocks, block_size, policy)
+            replay.run()
+        self.replay = replay
         self.trace, self.pool_blocks, self.block_size, self.policy = (
             trace, pool_blocks, block_size, policy)
         self.name = f"lab: {Path(trace.name).name} at {pool_blocks:,} blocks, {policy}"
         self.read_only = READ_ONLY
-        self._hashes = block_hashes(trace, block_size)
-        self._restart()
-        records, events, dead = [], [], []
-        n = len(trace.requests)
-        every = max(1, n // DEAD_SAMPLES)
-        for i in range(n):
-            self._advance()
-            events += self._events
-            del events[:-MAX_EVENTS]
-            records.append(self._record(i))
-            if i % every == 0 or i == n - 1:
-                dead.append((i, int(dead_blocks_in_pool(self.manager.pool).sum())))
-        self._first = Frame(records=records, events=events,
-                            dead_counts=tuple(np.array(c) for c in zip(*dead, strict=True)))
-        self._restart()
-
-    def _restart(self) -> None:
-        self.manager = KVCacheManager(self.pool_blocks, self.block_size,
-                                      eviction_policy=self.policy)
-        self.step = -1  # the step the manager is at the end of
-        self._cached: dict[int, int] = {}  # request -> prompt tokens served from the cache
-        self._events: list = []
-
-    def _advance(self) -> None:
-        """Run the next step."""
-        mgr, i = self.manager, self.step + 1
-        mgr.begin_step(i)
-        if self.step in mgr.seqs:
-            mgr.free(self.step)
-        r = self.trace.requests[i]
-        if 0 < r.input_length <= mgr.pool.num_blocks * self.block_size:
-            self._cached[i] = mgr.admit(i, [0] * r.input_length, block_hashes=self._hashes[i])
-        self.step = i
-        self._events = mgr.events.drain()  # this step's
-
-    def _record(self, i: int) -> StepRecord:
-        pool, r = self.manager.pool, self.trace.requests[i]
-        cached = self._cached.get(i, 0)
-        return StepRecord(
-            i, r.arrival_s, prefill_tokens=r.input_length - cached, batch_size=1,
-            num_running=int(i in self.manager.seqs), num_cached_blocks=pool.num_cached,
-            num_free_blocks=pool.num_available - pool.num_cached,
-            num_active_blocks=pool.num_blocks - pool.num_available, hit_tokens=cached,
-            query_tokens=r.input_length)
+        self._first = Frame(records=list(replay.records), events=list(replay.events),
+                            dead_counts=replay.dead_counts)
 
     def take_frame(self) -> Frame | None:
         first, self._first = self._first, None
@@ -88,34 +57,106 @@ class LabSource(FrameSource):
         return 0, len(self.trace.requests) - 1
 
     def frame_at(self, step: int) -> Frame:
-        if not 0 <= step < len(self.trace.requests):
-            raise SessionError(f"step {step} is outside the replay (0 to "
-                               f"{len(self.trace.requests) - 1})")
-        if step < self.step:
-            self._restart()
-        while self.step < step:
-            self._advance()
-        return Frame(snapshot=self.manager.snapshot(), evicted=evicted_at(self._events, step),
-                     requests=self._rows(step),
-                     dead=np.flatnonzero(dead_blocks_in_pool(self.manager.pool)))
+        try:
+            state = self.replay.state_at(step)
+        except IndexError as e:
+            raise SessionError(str(e)) from None
+        return Frame(snapshot=state.snapshot, evicted=evicted_at(state.events, step),
+                     requests=self._rows(step), dead=state.dead)
 
     def _rows(self, step: int) -> list[RequestRow]:
-        rows = []
+        rows, cached = [], self.replay.cached
         for i in range(step + 1):
             r = self.trace.requests[i]
-            state = "prefill" if i == step and i in self.manager.seqs else (
-                "finished: length" if i in self._cached else "finished: rejected")
-            rows.append(RequestRow(i, state, r.input_length, self._cached.get(i, 0), 0, None,
+            state = "prefill" if i == step and i in cached else (
+                "finished: length" if i in cached else "finished: rejected")
+            rows.append(RequestRow(i, state, r.input_length, cached.get(i, 0), 0, None,
                                    None, None, None, ""))
         return rows
 
     def explain(self, request_id: int, step: int | None) -> MissExplanation | None:
-        """As the manager judged it at admission (replayed up to `step` first)."""
-        if step is not None and step != self.step:
-            self.frame_at(step)
-        return self.manager.explanations.get(request_id)
+        """As the manager judged it at admission (if admitted by `step`)."""
+        return self.replay.explanation(request_id, step)
 
     def settings(self) -> dict:
         return {"model": f"lab: {Path(self.trace.name).name}", "num_blocks": self.pool_blocks,
                 "block_size": self.block_size, "kv_cache_dtype": None,
                 "enable_prefix_caching": True, "policy": self.policy}
+
+
+class LabOpening(QObject):
+    """A lab replay being opened off the GUI thread: a progress dialog with Cancel over the
+    pass; `on_ready(source)` once it is done, `on_error(text)` if it failed; neither when
+    cancelled. `thread`: the worker (not running once the opening ended)."""
+
+    def __init__(self, parent, trace: Trace, pool_blocks: int, block_size: int, policy: str,
+                 on_ready, on_error):
+        super().__init__()
+        replay = lab_replay(trace, pool_blocks, block_size, policy)  # bad input: raised here
+        self._args = (trace, pool_blocks, block_size, policy)
+        self._on_ready, self._on_error = on_ready, on_error
+        self.cancelled = False
+        self.thread = ReplayThread(replay)
+        self.dialog = QProgressDialog(f"Replaying {Path(trace.name).name} at {pool_blocks:,} "
+                                      f"blocks, {policy}…", "Cancel", 0, replay.num_steps,
+                                      parent)
+        self.dialog.setWindowTitle("Opening the lab replay")
+        self.dialog.setWindowModality(Qt.WindowModal)
+        self.dialog.setMinimumDuration(300)  # a short run opens without a flash of a dialog
+        self.dialog.setAutoClose(False)
+        self.dialog.setAutoReset(False)
+        self.dialog.canceled.connect(self.cancel)
+        self.thread.progressed.connect(self._progressed)  # queued: to this (GUI) thread
+        self.thread.finished.connect(self._finished)
+        _OPENING.add(self)  # kept until the thread ends, whoever drops it
+        if parent is not None:  # a window closed while it opens: the pass stops too
+            parent.destroyed.connect(self._stop)
+        self.thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self.thread.isRunning()
+
+    @Slot()
+    def cancel(self) -> None:
+        """Stop the pass (within a step): nothing is opened."""
+        if self.cancelled:
+            return
+        self._stop()
+        self.dialog.close()
+
+    @Slot(int)
+    def _progressed(self, done: int) -> None:
+        if not self.cancelled:  # progress still queued would show the dialog again
+            self.dialog.setValue(done)
+
+    @Slot()
+    def _stop(self) -> None:
+        self.cancelled = True
+        self.thread.cancel()
+
+    def wait(self, ms: int = 10_000) -> bool:
+        return self.thread.wait(ms)
+
+    @Slot()
+    def _finished(self) -> None:
+        _OPENING.discard(self)
+        if self.cancelled:
+            return
+        self.dialog.close()
+        if self.thread.error is not None:
+            self._on_error(self.thread.error)
+        else:
+            self._on_ready(LabSource(*self._args, replay=self.thread.replay))
+
+
+_OPENING: set[LabOpening] = set()
+
+
+def open_lab_source(parent, trace: Trace, pool_blocks: int, block_size: int, policy: str,
+                    on_ready, on_error) -> LabOpening:
+    """Open a lab replay without blocking the GUI: the pass runs on a worker thread under a
+    progress dialog (Cancel stops it and opens nothing); `on_ready(LabSource)` when it is done,
+    `on_error(text)` if it failed. A trace without requests or a block size that does not
+    divide the trace's raises SessionError or TraceError at once."""
+    return LabOpening(parent, trace, pool_blocks, block_size, policy, on_ready, on_error)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import html
 
-import numpy as np
-import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -30,6 +28,10 @@ from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS
 SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
               "not published); darker = stored earlier")
 HEALTHY, UNHEALTHY = "#1a7f37", palette.EVICTED_COLOR
+# the timeline's own series that mean nothing for an attached server, and what others mean there
+ENGINE_ONLY = ("prefill", "decode", "tokens", "active")
+ATTACH_LABELS = {"cached": "resident (cached)", "free": "free slots",
+                 "hit": "hit % (metrics)"}
 
 
 class AttachDialog(QDialog):
@@ -130,32 +132,23 @@ class AttachOverlay:
         self.health.hide()
         self.health.clicked.connect(self.show_details)
         window.selection.blocks_changed.connect(self._describe_slots)
-        tl = window.timeline
-        self._legend = tl.legend
-        self._token_label = tl.token_plot.getAxis("left").labelText
-        dash = Qt.PenStyle.DashLine
-        self.curves = {  # name -> (plot, curve)
-            "stored": (tl.token_plot, palette.CACHED_COLOR, None, "stored blocks"),
-            "removed": (tl.token_plot, palette.EVICTED_COLOR, None, "removed blocks"),
-            "preemptions": (tl.token_plot, "#000000", dash, "preemptions"),
-            "ttft": (tl.time_plot, "#0072b2", None, "TTFT ms (metrics)"),
-            "itl": (tl.time_plot, palette.DECODE_COLOR, dash, "ITL ms (metrics)"),
-            "kv_usage": (tl.hit_plot, "#7f3fbf", None, "KV usage % (metrics)"),
-            "hit_rate": (tl.hit_plot, palette.CACHED_COLOR, dash, "hit % (SGLang gauge)"),
+        self.curves = {  # name -> (plot, colour, dashed, legend label), on the timeline
+            "stored": ("tokens", palette.CACHED_COLOR, False, "stored blocks"),
+            "removed": ("tokens", palette.EVICTED_COLOR, False, "removed blocks"),
+            "preemptions": ("tokens", "#000000", True, "preemptions"),
+            "ttft": ("time", "#0072b2", False, "TTFT ms (metrics)"),
+            "itl": ("time", palette.DECODE_COLOR, True, "ITL ms (metrics)"),
+            "kv_usage": ("hit", "#7f3fbf", False, "KV usage % (metrics)"),
+            "hit_rate": ("hit", palette.CACHED_COLOR, True, "hit % (SGLang gauge)"),
         }
-        self.items = {}
-        for name, (plot, color, style, _label) in self.curves.items():
-            pen = pg.mkPen(color, width=1, style=style or Qt.PenStyle.SolidLine)
-            item = pg.PlotDataItem(pen=pen)
-            item.hide()
-            plot.addItem(item)
-            self.items[name] = item
+        for name, (plot, color, dashed, label) in self.curves.items():
+            window.timeline.add_series(name, plot, color, label, dashed=dashed, visible=False)
         self.clear()
 
     def clear(self) -> None:
         self.data = {name: ([], []) for name in self.curves}
-        for item in self.items.values():
-            item.setData([], [])
+        for name in self.curves:
+            self.w.timeline.set_series(name, [], [])
 
     # --------------------------------------------------------------- source
     def set_source(self, source) -> None:
@@ -169,24 +162,16 @@ class AttachOverlay:
             self.w.pool.set_terms()
         self.health.setVisible(source.attached)
         tl = self.w.timeline
-        for item in self.items.values():
-            item.setVisible(self.active)
-        if self.active:
-            items = [f"<span style='color:{c}'>{'┅' if s else '━'}</span>&nbsp;{label}"
-                     for _p, c, s, label in self.curves.values()]
-            tl.legend = ("<span style='color:#009e73'>━</span>&nbsp;resident (cached)"
-                         "&nbsp;&nbsp; " + "&nbsp;&nbsp; ".join(items) +
-                         "&nbsp;&nbsp; <span style='color:#009e73'>━</span>&nbsp;hit % "
-                         "(metrics)")
-            tl.token_plot.setLabel("left", "per step")
-        else:
-            tl.legend = self._legend
-            tl.token_plot.setLabel("left", self._token_label)
-        # an attached server publishes no batches: no batch axis crammed beside the counts
-        batch_axis = tl.token_plot.getAxis("right")
-        batch_axis.setStyle(showValues=not self.active)
-        batch_axis.setLabel("" if self.active else "batch")
-        tl.readout.setText(tl.legend)
+        for name in self.curves:
+            tl.show_series(name, self.active)
+        # an attached server publishes no prefill/decode split, tokens or batches: only the
+        # blocks it holds, and its metrics
+        for name in ENGINE_ONLY:
+            tl.show_series(name, not self.active)
+        tl.show_batch_axis(not self.active)
+        for name, label in ATTACH_LABELS.items():
+            tl.set_series_label(name, label if self.active else None)
+        tl.set_axis_label("tokens", "per step" if self.active else None)
 
     # --------------------------------------------------------------- frames
     def after_frame(self, frame: Frame) -> None:
@@ -221,7 +206,7 @@ class AttachOverlay:
                 if name in m:
                     self._extend(name, [step], [m[name] * scale])
         for name, (x, y) in self.data.items():
-            self.items[name].setData(np.asarray(x, float), np.asarray(y, float))
+            self.w.timeline.set_series(name, x, y)
 
     def _extend(self, name: str, x: list, y: list) -> None:
         xs, ys = self.data[name]

@@ -589,20 +589,23 @@ class MainWindow(QMainWindow):
 
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
                         limit: int) -> bool:
-        """The Lab panel's what-if run, shown like a replay. A bad trace changes nothing."""
-        from kvscope.app.sources.lab import LabSource
+        """The Lab panel's what-if run, shown like a replay once its pass (off the GUI thread,
+        progress and Cancel) is done. A bad trace changes nothing."""
+        from kvscope.app.sources.lab import open_lab_source
         from kvscope.lab.traces import TraceError
         from kvscope.sessions.lab_input import load_lab_input
 
+        def failed(e) -> None:
+            self.banner.show_error(f"Cannot open the lab replay: {e}")
+
         try:
             trace = load_lab_input(path, None, limit)
-            trace.check_block_size(block_size)
-            source = LabSource(trace, pool_blocks, block_size, policy)
+            self.lab_opening = open_lab_source(self, trace, pool_blocks, block_size, policy,
+                                               lambda s: (self.worker.pause(), self.set_source(s)),
+                                               failed)
         except (TraceError, OSError, SessionError) as e:
-            self.banner.show_error(f"Cannot open the lab replay: {e}")
+            failed(e)
             return False
-        self.worker.pause()
-        self.set_source(source)
         return True
 
     def attach_dialog(self) -> AttachDialog:

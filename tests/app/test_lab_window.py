@@ -1,17 +1,20 @@
 """The cache lab in the window: the Lab dock runs a real lab in a worker process (progress,
 Cancel) and shows what `kvscope lab` computes; "Open the replay" shows the what-if run as a frame
-source, and at any cursor step the pool is the manager's own state at that request."""
+source (its pass on a worker thread: the window never freezes, Cancel opens nothing), and at any
+cursor step the pool is the manager's own state at that request."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from image_compare import to_array
 from pixels import grab_pool
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtWidgets import QPushButton
 from test_time_cursor import rendered
 from window_testutil import bare_window
 
@@ -24,6 +27,8 @@ from kvscope.lab.traces import load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HEAD = DATA / "mooncake_conversation_head200.jsonl"
+BIG = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / \
+    "conversation_trace.jsonl"
 LIMIT = 60
 
 
@@ -68,9 +73,7 @@ def test_lab_dock_runs_in_a_worker_and_shows_what_the_cli_computes(window, qtbot
 
 def test_cancel_stops_the_worker_and_a_bad_trace_is_one_line(window, qtbot, tmp_path):
     lab = window.lab
-    big = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / \
-        "conversation_trace.jsonl"
-    fill(lab, big if big.exists() else HEAD, " ".join(str(n) for n in range(100, 3000, 50)),
+    fill(lab, BIG if BIG.exists() else HEAD, " ".join(str(n) for n in range(100, 3000, 50)),
          10**6)
     qtbot.mouseClick(lab.run_button, Qt.LeftButton)
     process = lab.run._process
@@ -113,7 +116,7 @@ def test_open_the_replay_at_a_pool_size_and_move_the_cursor(window, qtbot):
     fifo_300 = [t[:2] for t in table(lab)].index(["fifo", "300"])
     lab.table.selectRow(fifo_300)
     qtbot.mouseClick(lab.open_button, Qt.LeftButton)
-    assert isinstance(w.source, LabSource)
+    qtbot.waitUntil(lambda: isinstance(w.source, LabSource), timeout=30_000)
     assert (w.source.pool_blocks, w.source.policy) == (300, "fifo")
     assert w.replay_bar.isVisible() and w.source.read_only
     assert w.blocks_box.value() == 300 and not w.blocks_box.isEnabled()
@@ -137,7 +140,7 @@ def test_open_the_replay_at_a_pool_size_and_move_the_cursor(window, qtbot):
 
 
 @pytest.mark.parametrize("policy, dead", [("fifo", [1]), ("lru", [])])
-def test_dead_cache_is_outlined_in_the_pool(window, tmp_path, policy, dead):
+def test_dead_cache_is_outlined_in_the_pool(window, qtbot, tmp_path, policy, dead):
     """The scenario of tests/engine/test_lab.py: 4 blocks; A (2 full blocks + 1 token) is
     cached in blocks 0-2, then B needs 3 blocks. fifo evicts A's head (block 0): A's tail
     (block 1) stays cached, unreachable; lru evicts the tail: nothing is dead."""
@@ -148,6 +151,7 @@ def test_dead_cache_is_outlined_in_the_pool(window, tmp_path, policy, dead):
         for i, (ids, n) in enumerate([([1, 2, 3], 33), ([4, 5, 6], 48)])))
     w = window
     assert w.open_lab_replay(str(path), 4, 16, policy, 10)
+    qtbot.waitUntil(lambda: isinstance(w.source, LabSource), timeout=10_000)
     assert len(w.pool.dead) == 0  # step 0: A is running
     xs, ys = w.timeline.dead_curve.getData()  # the count on the timeline
     assert (xs.tolist(), ys.tolist()) == ([0, 1], [0, len(dead)])
@@ -173,3 +177,82 @@ def test_a_bad_trace_opened_as_a_replay_changes_nothing(window, tmp_path):
     before = window.source
     assert not window.open_lab_replay(str(bad), 100, 16, "lru", 10)
     assert window.source is before and "Cannot open the lab replay" in window.banner.label.text()
+
+
+class GapProbe:
+    """The GUI thread's longest stall: a timer ticking every 20 ms, the largest gap between two
+    ticks (the event loop could not run in between)."""
+
+    def __init__(self):
+        self.clock = QElapsedTimer()
+        self.clock.start()
+        self.last, self.max_gap_ms, self.at_ms = 0, 0, 0  # the longest gap, and its end
+        self.timer = QTimer(interval=20)
+        self.timer.timeout.connect(self._tick)
+        self.timer.start()
+
+    def _tick(self) -> None:
+        now = self.clock.elapsed()
+        if now - self.last > self.max_gap_ms:
+            self.max_gap_ms, self.at_ms = now - self.last, now
+        self.last = now
+
+    def stop(self) -> int:
+        self._tick()
+        self.timer.stop()
+        return self.max_gap_ms
+
+
+def frames_equal(a, b) -> None:
+    for name in ("state", "ref_count", "owner", "block_hash", "parent_hash", "lru_rank",
+                 "last_use", "hit_count", "cached_seq"):
+        assert np.array_equal(getattr(a.snapshot, name), getattr(b.snapshot, name)), name
+    assert a.snapshot.block_tables.keys() == b.snapshot.block_tables.keys()
+    assert a.snapshot.counters == b.snapshot.counters
+    assert np.array_equal(a.evicted, b.evicted) and np.array_equal(a.dead, b.dead)
+    assert a.requests == b.requests
+
+
+@pytest.mark.skipif(not BIG.exists(), reason="the Mooncake trace is not under shared/data")
+def test_opening_a_big_replay_never_freezes_the_window_and_steps_are_quick(window, qtbot):
+    """300 Mooncake requests at 4,000 blocks (about 2 s of replay when it ran on the GUI
+    thread): the pass runs on a worker thread under a progress dialog; the GUI thread never
+    stalls more than 200 ms; the frames are those of the synchronous LabSource."""
+    w, n = window, 300
+    probe = GapProbe()
+    start = time.perf_counter()
+    assert w.open_lab_replay(str(BIG), 4000, 16, "lru", n)
+    assert w.lab_opening.running and not isinstance(w.source, LabSource)
+    qtbot.waitUntil(lambda: isinstance(w.source, LabSource), timeout=60_000)
+    shown_ms = probe.clock.elapsed()
+    qtbot.wait(200)  # the first frames drawn
+    opened_s, gap_ms = time.perf_counter() - start, probe.stop()
+    print(f"lab replay of {n} requests opened in {opened_s:.2f} s; longest GUI stall "
+          f"{gap_ms} ms, ending {probe.at_ms - shown_ms} ms after the source was shown")
+    assert gap_ms < 200, gap_ms
+    assert not w.lab_opening.running and not w.lab_opening.dialog.isVisible()
+    assert len(w.timeline.data["step"]) == n
+    sync = LabSource(load_trace(BIG, limit=n), 4000, 16, "lru")
+    clicks = []
+    for step in (n - 1, 40, 41, 150, 3, n - 2):  # back, on, far, to the start: checkpoints
+        t = time.perf_counter()
+        w.replay_bar.set_step(step)
+        clicks.append(time.perf_counter() - t)
+        frames_equal(w.source.frame_at(step), sync.frame_at(step))
+        assert w.snapshot.step == step
+    print("step clicks (ms):", [round(c * 1000) for c in clicks])
+    assert max(clicks) < 0.5, clicks
+
+
+def test_cancel_opens_nothing_and_leaves_nothing_running(window, qtbot):
+    w = window
+    before = w.source
+    path = BIG if BIG.exists() else HEAD
+    assert w.open_lab_replay(str(path), 4000, 16, "lru", 300)
+    opening = w.lab_opening
+    qtbot.waitUntil(lambda: opening.dialog.value() > 0, timeout=30_000)  # under way
+    opening.dialog.findChild(QPushButton).click()  # the dialog's Cancel button
+    assert opening.wait(5_000) and not opening.running
+    qtbot.wait(100)  # anything queued from the thread delivered
+    assert w.source is before and not opening.dialog.isVisible()
+    assert "lab" not in w.status.text()

@@ -1,11 +1,14 @@
-"""The timeline at 10,000 steps: what the curves are given, when they are redrawn, the grid."""
+"""The timeline at 10,000 steps: what the curves are given, when they are redrawn, the grid; its
+public series API (a line of another owner added, given data, shown, hidden, relabelled without
+reaching into the plots; every line drawn in the legend)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPointF
+from PySide6.QtCore import QPointF, Qt
 
+from kvscope.app.frames import Frame
 from kvscope.app.panels.timeline import MAX_WAIT_S, Timeline, _bars, _peaks
 from kvscope.engine.metrics import StepRecord
 
@@ -139,3 +142,70 @@ def test_the_tokens_axis_starts_at_zero_when_every_step_has_the_same_count(qtbot
     qtbot.waitUntil(lambda: t._pending == 0)
     low, high = t.token_plot.vb.viewRange()[1]
     assert low <= 0 < 1024 <= high < 1200  # not 1023.5 to 1024.5
+
+
+def drawn(t: Timeline) -> list[str]:
+    """Every series whose line is on screen now."""
+    names = []
+    for name, s in t.series.items():
+        x, _ = s.items[0].getData()
+        if s.items[0].isVisible() and x is not None and len(x):
+            names.append(name)
+    return names
+
+
+def test_a_series_is_in_the_legend_while_shown_and_drawn(timeline):
+    t = timeline
+    t.add_series("stored", "tokens", "#009e73", "stored blocks", dashed=True)
+    assert "stored blocks" not in t.legend  # nothing drawn yet
+    t.set_series("stored", [2, 5, 9], [1, 4, 2])
+    assert "┅</span>&nbsp;stored blocks" in t.legend and "stored blocks" in t.readout.text()
+    x, y = t.series["stored"].items[0].getData()
+    assert x.tolist() == [2, 5, 9] and y.tolist() == [1, 4, 2]
+    assert t.series["stored"].items[0].opts["pen"].style() == Qt.PenStyle.DashLine
+    t.show_series("stored", False)
+    assert "stored blocks" not in t.legend and not t.series["stored"].items[0].isVisible()
+    t.show_series("stored")
+    t.set_series_label("stored", "blocks stored")
+    assert "blocks stored" in t.legend
+    t.set_series_label("stored")
+    assert "stored blocks" in t.legend
+    with pytest.raises(ValueError):
+        t.add_series("stored", "tokens", "#000000", "again")
+    with pytest.raises(ValueError):
+        t.add_series("other", "no such plot", "#000000", "other")
+    t.clear()  # a new run: the data goes, the series stays
+    assert t.series_data("stored")[0].tolist() == [] and "stored blocks" not in t.legend
+
+
+def test_every_line_drawn_is_in_the_legend(timeline):
+    t = timeline
+    t.show_frame(Frame(dead_counts=(np.array([0, 10, 19]), np.array([0, 3, 1]))))
+    t.add_series("ttft", "time", "#0072b2", "TTFT ms")
+    t.set_series("ttft", [3], [12.0])
+    for name in drawn(t):
+        assert t.series[name].label in t.legend, name
+    assert "dead (unreachable)" in t.legend  # the dashed magenta line says what it is
+    for name in ("prefill", "decode", "tokens", "active"):
+        t.show_series(name, False)
+    t.show_batch_axis(False)
+    assert not t.token_plot.getAxis("right").style["showValues"]
+    assert "batch" not in t.legend and "prefill" not in t.legend
+    assert set(drawn(t)) <= {"cached", "free", "hit", "dead", "ttft"}
+    t.show_batch_axis(True)
+    assert t.token_plot.getAxis("right").style["showValues"] and "batch" in t.legend
+
+
+def test_series_move_with_the_wall_clock_axis_and_plots_are_retitled(timeline):
+    t = timeline
+    t.add_series("kv", "hit", "#7f3fbf", "KV usage %")
+    t.set_series("kv", [0, 10], [5, 50])
+    t.set_wall_clock(True)
+    assert t.series["kv"].items[0].getData()[0].tolist() == pytest.approx([0.0, 0.1])
+    assert t.series_data("kv")[0].tolist() == [0, 10]  # what was set: steps
+    t.set_wall_clock(False)
+    assert t.series["kv"].items[0].getData()[0].tolist() == [0, 10]
+    t.set_axis_label("tokens", "per step")
+    assert t.token_plot.getAxis("left").labelText == "per step"
+    t.set_axis_label("tokens")
+    assert t.token_plot.getAxis("left").labelText == "tokens"

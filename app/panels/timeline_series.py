@@ -1,0 +1,214 @@
+"""The timeline's plots and its named series: every line drawn on the timeline is a series with a
+plot, a colour, a style and a legend label, so the legend line names every line shown.
+
+The timeline's own series ("prefill", "decode", "tokens", "batch", "active", "cached", "free",
+"hit") are drawn from its step records; any other (`add_series`: the dead-cache count, an
+attached server's stored/removed blocks, ...) is given its steps and values by its owner, and
+placed on the x axis (steps or seconds) by the timeline. A series can be shown, hidden and
+relabelled; plots can be retitled and the batch axis hidden, all without reaching into the plots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from kvscope.app.panels.plot_grid import Grid
+from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis
+
+PLOTS = ("time", "tokens", "blocks", "hit")  # top to bottom; "batch": the tokens plot's right axis
+BATCH_LABEL = "batch"
+LABELS_MIN_HEIGHT = 300  # px of timeline under which the axis titles are hidden
+GLYPHS = {"t": "▼", "d": "◆", "x": "✖", "s": "■"}  # the markers' symbols, as text
+
+
+@dataclass
+class Series:
+    plot: str
+    color: str  # as the legend writes it (#rrggbb)
+    label: str  # in the legend
+    default_label: str
+    dashed: bool
+    items: list  # what is drawn (a filled curve has its bars too)
+    own: bool  # drawn from the timeline's records (else from set_series)
+    visible: bool = True
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def in_legend(self) -> bool:
+        """Shown, and drawn: the timeline's own always are; another once it has data."""
+        return self.visible and (self.own or len(self.steps) > 0)
+
+
+class SeriesPlots:
+    """The plots and series of a Timeline (a mixin: the Timeline is a QWidget with `glw`, a
+    pyqtgraph GraphicsLayoutWidget, a `readout` label and `step_x(steps)`)."""
+
+    def _init_series(self) -> None:
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.series: dict[str, Series] = {}
+        self.grids: list[Grid] = []
+        self._default_titles: dict[str, str] = {}
+        self._hovering = False  # the readout shows a step's values, not the legend
+
+    # ------------------------------------------------------------------ plots
+    def _plot(self, name: str, label: str, tip: str, ticks=None, bottom=None) -> pg.PlotItem:
+        axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right")}
+        if bottom is not None:
+            axes["bottom"] = bottom
+        p = self.glw.addPlot(row=len(self.plots), col=0, axisItems=axes)
+        p.setLabel("left", label)
+        p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
+        p.getAxis("right").setWidth(40)
+        p.getAxis("right").setStyle(showValues=False)
+        if ticks is not None:  # a short plot: a few round ticks rather than a crowded axis
+            p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
+        p.getAxis("left").setWidth(56)
+        p.setToolTip(tip)
+        self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
+        for axis in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
+            p.getAxis(axis).enableAutoSIPrefix(False)
+        p.setMenuEnabled(False)
+        p.setMouseEnabled(x=True, y=False)
+        self.plots[name] = p
+        self._default_titles[name] = label
+        return p
+
+    @staticmethod
+    def _right_axis(plot: pg.PlotItem, label: str) -> pg.ViewBox:
+        """A second y scale on the plot's right axis, sharing its x."""
+        view = pg.ViewBox(enableMouse=False)
+        plot.scene().addItem(view)
+        axis = plot.getAxis("right")
+        axis.setStyle(showValues=True)
+        axis.linkToView(view)
+        axis.setLabel(label)
+        axis.enableAutoSIPrefix(False)
+        view.setXLink(plot)
+        plot.vb.sigResized.connect(lambda: view.setGeometry(plot.vb.sceneBoundingRect()))
+        return view
+
+    def _tall(self) -> bool:
+        return self.height() >= LABELS_MIN_HEIGHT
+
+    def set_axis_label(self, plot: str, text: str | None = None) -> None:
+        """The plot's y title (None: its own)."""
+        axis = self.plots[plot].getAxis("left")
+        axis.setLabel(self._default_titles[plot] if text is None else text)
+        axis.showLabel(self._tall())  # setLabel shows it: a short dock has no room
+
+    def show_batch_axis(self, shown: bool) -> None:
+        """The tokens plot's right axis, the batch size's scale (hidden where there are no
+        batches, e.g. an attached server); the batch series goes with it."""
+        axis = self.plots["tokens"].getAxis("right")
+        axis.setStyle(showValues=shown)
+        axis.setLabel(BATCH_LABEL if shown else "")
+        axis.showLabel(shown and self._tall())
+        self.show_series("batch", shown)
+
+    # ------------------------------------------------------------------ series
+    def _own_series(self, name: str, plot: pg.PlotItem | pg.ViewBox, color: str, label: str,
+                    fill: bool = False, legend_order: int | None = None) -> pg.PlotDataItem:
+        """A series drawn from the records (see Timeline._redraw); filled: with its bars."""
+        curve = pg.PlotDataItem(pen=pg.mkPen(color), fillLevel=0 if fill else None,
+                                brush=pg.mkBrush(color) if fill else None, name=label)
+        plot.addItem(curve)
+        items = [curve]
+        if fill:  # zoomed out, drawn as a bar per pixel instead (see timeline_envelope._bars)
+            bars = pg.PlotCurveItem(pen=pg.mkPen(color), connect="pairs", antialias=False)
+            plot.addItem(bars)
+            items.append(bars)
+        self._register(name, Series(self._plot_name(plot), pg.mkColor(color).name(), label,
+                                    label, False, items, own=True), legend_order)
+        return curve
+
+    def _plot_name(self, plot) -> str:
+        return next((n for n, p in self.plots.items() if p is plot), "batch")
+
+    def _register(self, name: str, series: Series, order: int | None = None) -> None:
+        if name in self.series:
+            raise ValueError(f"the timeline already has a series {name!r}")
+        entries = list(self.series.items())
+        entries.insert(len(entries) if order is None else order, (name, series))
+        self.series = dict(entries)
+
+    def add_series(self, name: str, plot: str, color: str, label: str, dashed: bool = False,
+                   visible: bool = True) -> None:
+        """A line of its own on a plot ("time", "tokens", "blocks", "hit"), in the legend as
+        `label` (a dashed line drawn and listed dashed) while it is shown and has data. Its
+        data: set_series(name, steps, values)."""
+        if plot not in self.plots:
+            raise ValueError(f"no plot {plot!r}: one of {', '.join(self.plots)}")
+        style = Qt.PenStyle.DashLine if dashed else Qt.PenStyle.SolidLine
+        item = pg.PlotDataItem(pen=pg.mkPen(color, width=1, style=style))
+        item.setVisible(visible)
+        self.plots[plot].addItem(item)
+        self._register(name, Series(plot, pg.mkColor(color).name(), label, label, dashed,
+                                    [item], own=False, visible=visible))
+        self._legend_changed()
+
+    def set_series(self, name: str, steps, values) -> None:
+        """The series' values at these steps (placed at the steps' x: steps or seconds)."""
+        s = self.series[name]
+        listed = s.in_legend
+        self._set(s, steps, values)
+        if s.in_legend != listed:
+            self._legend_changed()
+
+    def _set(self, s: Series, steps, values) -> None:
+        s.steps = np.asarray(steps, dtype=np.float64)
+        s.values = np.asarray(values, dtype=np.float64)
+        self._place(s)
+
+    def series_data(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A series' steps and values, as set (not the timeline's own: see `data`)."""
+        s = self.series[name]
+        return s.steps, s.values
+
+    def show_series(self, name: str, visible: bool = True) -> None:
+        s = self.series[name]
+        s.visible = visible
+        for item in s.items:
+            item.setVisible(visible)
+        self._legend_changed()
+
+    def set_series_label(self, name: str, label: str | None = None) -> None:
+        """What the legend calls the series (None: its own label)."""
+        s = self.series[name]
+        s.label = s.default_label if label is None else label
+        self._legend_changed()
+
+    def clear_series(self) -> None:
+        """Every series given data by its owner, emptied (a new run)."""
+        for s in self.series.values():
+            if not s.own:
+                self._set(s, [], [])
+        self._legend_changed()
+
+    def _place(self, s: Series) -> None:
+        s.items[0].setData(self.step_x(s.steps), s.values)
+
+    def _place_series(self) -> None:
+        """Every series given data, put at its steps' x again (the x axis changed)."""
+        for s in self.series.values():
+            if not s.own and len(s.steps):
+                self._place(s)
+
+    # ------------------------------------------------------------------ legend
+    @property
+    def legend(self) -> str:
+        """Every line shown and every marker, in one line above the plots (a legend inside a
+        plot covers its curves)."""
+        items = [f"<span style='color:{s.color}'>{'┅' if s.dashed else '━'}</span>&nbsp;{s.label}"
+                 for s in self.series.values() if s.in_legend]
+        items += [f"<span style='color:{color}'>{GLYPHS[symbol]}</span>&nbsp;{label}"
+                  for symbol, color, label in MARKERS.values()]
+        return "&nbsp;&nbsp; ".join(items)
+
+    def _legend_changed(self) -> None:
+        if not self._hovering:
+            self.readout.setText(self.legend)
