@@ -31,7 +31,7 @@ import numpy as np
 
 from kvscope.engine import policies
 from kvscope.engine.config import shown
-from kvscope.engine.events import Event, EventKind
+from kvscope.engine.events import Event
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
 from kvscope.sessions import schema
@@ -386,8 +386,7 @@ class SessionReader:
         """Events published by steps first..last (inclusive), in order. An event's own `step` is
         the step the engine stamped on it (one step earlier for a cancel between steps)."""
         try:
-            return [Event(EventKind(k), st, rid, blocks, t, hashes, detail)
-                    for _, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last)]
+            return [schema.event_of(*e) for _, e in self._events(first, last)]
         except ValueError as e:  # a kind this kvscope does not know
             raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
                                       f"{e}") from e
@@ -398,8 +397,11 @@ class SessionReader:
     def events_published(self, first: int, last: int, kinds=None) -> list[tuple[int, Event]]:
         """(the step that published it, event) for the events of steps first..last, optionally
         only those of some kinds (one query: cheap for a whole session)."""
-        return [(s, Event(k, st, rid, blocks, t, hashes, detail))
-                for s, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last, kinds)]
+        try:
+            return [(s, schema.event_of(*e)) for s, e in self._events(first, last, kinds)]
+        except ValueError as e:  # a kind this kvscope does not know
+            raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
+                                      f"{e}") from e
 
     def _events(self, first: int, last: int, kinds=None) -> list[tuple[int, tuple]]:
         """(published step, event tuple) pairs, optionally only of some kinds."""

@@ -69,8 +69,8 @@ from pathlib import Path
 import numpy as np
 import sqlite_utils
 
-from kvscope.engine import events as ev
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
+from kvscope.engine.lifecycle import Lifecycles
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 from kvscope.engine.token_text import piece_ends, token_pieces
 from kvscope.sessions import schema
@@ -155,7 +155,8 @@ class Recorder:
         self._hash_key = secrets.token_bytes(32)  # never stored (see stored_hash)
         self._keyed: dict[int, int] = {}  # writer thread: short hash -> stored value
         # engine-thread state
-        self._live: dict[int, list] = {}  # unfinished request -> [status, its last output]
+        self._lifecycles = Lifecycles()  # each unfinished request's status
+        self._live: dict[int, object] = {}  # unfinished request -> its last output (or None)
         self._steps_since_kf = 0
         self._events_since_kf = 0
         self._force_kf = True
@@ -266,7 +267,8 @@ class Recorder:
                                              for r in self.engine.unfinished_requests()
                                              if r.request_id not in known]
         for info in leftover:
-            self._live[info.request_id] = ["waiting", None]
+            self._lifecycles.arrive(info.request_id)
+            self._live[info.request_id] = None
         self._wake.set()
         self._thread.join()
         if self._error is None:
@@ -323,25 +325,28 @@ class Recorder:
         queued = {i.request_id for i in pending}
         new = pending + [self._request_info(r) for r in u.new_requests
                          if r.request_id not in queued]
-        live = self._live
+        live, lifecycles = self._live, self._lifecycles
         for info in new:
-            live[info.request_id] = ["waiting" if info.parent_id is None else "running", None]
+            lifecycles.arrive(info.request_id, info.parent_id)
+            live[info.request_id] = None
         # Turn events into plain tuples here, so the step's Event objects die now: held until
         # the writer's next batch they outlive two garbage-collector generations and trigger
         # full collections (measured with the tiny test model: ~0.1 s every few seconds).
         tuples = schema.event_tuples(u.events)
         for e in u.events:
-            if e.kind == ev.ADMITTED and e.request_id in live:
-                live[e.request_id][0] = "running"
-            elif e.kind == ev.PREEMPTED and e.request_id in live:
-                live[e.request_id][0] = "waiting"
+            if e.request_id in live:
+                lifecycles.apply(e)
         finished = []
         for out in u.outputs:
-            if out.finished:
-                if live.pop(out.request_id, None) is not None:
-                    finished.append(self._state_row(out, "finished"))
-            elif out.request_id in live:
-                live[out.request_id][1] = out
+            if out.request_id not in live:
+                continue
+            life, done = lifecycles.output(out)
+            if done:
+                del live[out.request_id]
+                lifecycles.forget(out.request_id)
+                finished.append(self._state_row(out, life.status))
+            else:
+                live[out.request_id] = out
         wall = u.record.wall_s
         self._step_s_ema = wall if not self._step_s_ema else 0.9 * self._step_s_ema + 0.1 * wall
         self._steps_since_kf += 1
@@ -614,7 +619,8 @@ class Recorder:
             _insert_rows(conn, "requests", list(rows[0]), rows)
         # Still running or waiting, or finished after the last step (e.g. cancelled).
         rows = []
-        for rid, (status, out) in self._live.items():
+        for rid, out in self._live.items():
+            status = self._lifecycles.get(rid).status
             out = self.engine.request_output(rid) or out
             if out is None:
                 rows.append(dict(request_id=rid, status=status))

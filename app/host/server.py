@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from kvscope.app.frames import EngineInfo, Frame, RequestRow, RequestText, evicted_at
-from kvscope.engine import events as ev
+from kvscope.engine.lifecycle import FINISHED, RUNNING, Lifecycle, Lifecycles
 from kvscope.engine.stream import StepQueue
 from kvscope.engine.token_text import TokenPieces
 
@@ -43,16 +43,17 @@ HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last 
 
 
 class RequestTable:
-    """The requests table, kept from the step stream alone: one row per request in arrival
-    order, each in the state it is in after the step (prefill: prompt tokens still to compute;
-    decode: it has sampled); finished rows beyond `history` are dropped, oldest first. Each
-    request's prompt and output token ids are kept beside its row (never sent: the text view
-    asks for one request's text)."""
+    """The requests table, kept from the step stream alone (folded by engine.lifecycle): one
+    row per request in arrival order, each in the state it is in after the step (prefill:
+    prompt tokens still to compute; decode: it has sampled); finished rows beyond `history` are
+    dropped, oldest first. Each request's prompt and output token ids are kept beside its row
+    (never sent: the text view asks for one request's text)."""
 
     def __init__(self, history: int = 1024):
         self.rows: dict[int, RequestRow] = {}
         self.tokens: dict[int, tuple[list[int], list[int]]] = {}  # (prompt ids, output ids)
         self.history = history
+        self.lifecycles = Lifecycles()
         self._finished: list[int] = []
 
     def apply(self, update) -> None:
@@ -60,18 +61,14 @@ class RequestTable:
         for r in update.new_requests:
             if r.request_id in rows:  # already shown: submitted between steps
                 continue
-            rows[r.request_id] = RequestRow(
-                r.request_id, "waiting" if r.parent_id is None else "decode",
-                len(r.prompt_token_ids), 0, 0, None, None, r.cache_salt, r.parent_id, "")
+            life = self.lifecycles.arrive(r.request_id, r.parent_id)
+            rows[r.request_id] = RequestRow.new(
+                r.request_id, live_state(life), len(r.prompt_token_ids),
+                cache_salt=r.cache_salt, parent_id=r.parent_id)
             self.tokens[r.request_id] = (r.prompt_token_ids, [])
         for e in update.events:
-            row = rows.get(e.request_id)
-            if row is None or row.state.startswith("finished"):
-                continue
-            if e.kind in (ev.ADMITTED, ev.PREFILL):
-                row.state = "prefill"
-            elif e.kind == ev.PREEMPTED:
-                row.state = "waiting"
+            if e.request_id in rows and (life := self.lifecycles.apply(e)) is not None:
+                rows[e.request_id].state = live_state(life)
         for o in update.outputs:
             self.set_output(o)
         if len(self._finished) > self.history:
@@ -80,26 +77,36 @@ class RequestTable:
             for rid in drop:
                 rows.pop(rid, None)
                 self.tokens.pop(rid, None)
+                self.lifecycles.forget(rid)
 
     def set_output(self, o) -> None:
         """A request's state from its RequestOutput (after a step, or a submit or cancel
         between steps)."""
+        life, finished_now = self.lifecycles.output(o)
         row = self.rows.get(o.request_id)
         if row is None:
-            row = self.rows[o.request_id] = RequestRow(
-                o.request_id, "waiting", len(o.prompt_token_ids or ()), 0, 0, None, None,
-                o.cache_salt, o.parent_id, "")
+            row = self.rows[o.request_id] = RequestRow.new(
+                o.request_id, "waiting", len(o.prompt_token_ids or ()),
+                cache_salt=o.cache_salt, parent_id=o.parent_id)
         prompt = self.tokens.get(o.request_id, (o.prompt_token_ids or [], []))[0]
         self.tokens[o.request_id] = (prompt, o.token_ids)  # a fresh list per output
         m = o.metrics
         row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens, len(o.token_ids),
                                                           o.text)
         row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
-        if o.finished and not row.state.startswith("finished"):
-            row.state = f"finished: {o.finish_reason}"
+        row.state = live_state(life)
+        if finished_now:
             self._finished.append(o.request_id)
-        elif not o.finished and o.token_ids and row.state == "prefill":
-            row.state = "decode"  # it has sampled: every known token but the last is computed
+
+
+def live_state(life: Lifecycle) -> str:
+    """A live request's state as its row shows it: waiting, prefill (running, not sampled since
+    it last computed a prompt chunk), decode, or "finished: <reason>"."""
+    if life.status == FINISHED:
+        return f"finished: {life.reason}"
+    if life.status == RUNNING:
+        return "decode" if life.sampled else "prefill"
+    return "waiting"
 
 
 def cpu_cores() -> int:

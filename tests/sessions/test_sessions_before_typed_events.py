@@ -76,3 +76,16 @@ def test_the_old_file_has_every_lifecycle_kind():
         kinds = {e.kind for e in s.events_between(s.first_step, s.last_step)}
     assert {ev.ARRIVED, ev.ADMITTED, ev.PREEMPTED, ev.CANCELLED, ev.REJECTED, ev.FINISHED,
             ev.CACHE_HIT, ev.EVICTED} <= kinds
+
+
+def test_the_old_files_events_have_their_named_fields():
+    with SessionReader(OLD) as s:
+        events = s.events_between(s.first_step, s.last_step)
+    admitted = [(e.request_id, e.cached_tokens, e.computed_tokens) for e in events
+                if e.kind == ev.ADMITTED]
+    assert admitted[:2] == [(0, 0, 43), (1, 32, 10)]  # the second hit two blocks
+    assert all(f"{c} cached, {n} to compute" == e.detail for (_, c, n), e in
+               zip(admitted, [e for e in events if e.kind == ev.ADMITTED], strict=True))
+    assert [e.prompt_tokens for e in events if e.kind == ev.ARRIVED][:2] == [43, 42]
+    assert {e.reason for e in events if e.kind == ev.FINISHED} == {"length"}
+    assert [e.reason for e in events if e.kind == ev.REJECTED] == ["empty prompt"]
