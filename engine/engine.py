@@ -249,9 +249,7 @@ class Engine:
             pool = self.manager.pool
             rec.num_waiting = len(self.scheduler.waiting)
             rec.num_running = len(self.scheduler.running)
-            rec.num_cached_blocks = pool.num_cached
-            rec.num_free_blocks = pool.num_available - pool.num_cached
-            rec.num_active_blocks = pool.num_blocks - pool.num_available
+            rec.num_free_blocks, rec.num_active_blocks, rec.num_cached_blocks = pool.counts()
             rec.wall_s = time.monotonic() - t0
             self.step_records.append(rec)
             self.num_steps += 1

@@ -459,9 +459,7 @@ class EngineHost:
             for rid, message, detail in u.failures:
                 self._send("request_failed", f"request #{rid} failed: {message}", detail)
             self.table.apply(u)
-            f.records.append(u.record)
-            f.events.extend(u.events)
-            f.explanations.update((why.request_id, why) for why in u.explanations)
+            f.merge(Frame.of_update(u))
         self.dirty = True
         if not (self.ready or force):
             return
@@ -473,7 +471,6 @@ class EngineHost:
         f.text = self._watched_text()
         self._send("frame", f)
         self.pending, self.ready, self.dirty = Frame(), False, False
-
 
     def _watched_text(self) -> RequestText | None:
         """The watched request's text, if it changed since it was last sent. Its prompt is cut
