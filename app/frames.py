@@ -29,6 +29,15 @@ class RequestRow:
     parent_id: int | None
     text: str
 
+    @classmethod
+    def new(cls, request_id: int, state: str, prompt_tokens: int, *, cached_tokens: int = 0,
+            output_tokens: int = 0, ttft_s: float | None = None, tpot_s: float | None = None,
+            cache_salt: str | None = None, parent_id: int | None = None,
+            text: str = "") -> RequestRow:
+        """A request's row: every source builds its rows with this (fields by name)."""
+        return cls(request_id, state, prompt_tokens, cached_tokens, output_tokens, ttft_s, tpot_s,
+                   cache_salt, parent_id, text)
+
 
 @dataclass
 class RequestText:
@@ -98,6 +107,12 @@ class Frame:
     # an attached server's identity roots: root key (the parent hash of its chains' first
     # blocks) -> label (LoRA adapter, salt digest); None: not known
     root_names: dict[int, str] | None = None
+
+    @classmethod
+    def of_update(cls, update) -> Frame:
+        """What one step of the engine's stream (a StepUpdate) adds to a frame."""
+        return cls(records=[update.record], events=list(update.events),
+                   explanations={why.request_id: why for why in update.explanations})
 
     def merge(self, later: Frame) -> Frame:
         """This frame followed by a later one, as if the window had taken only the later."""

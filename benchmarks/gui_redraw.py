@@ -33,8 +33,10 @@ import numpy as np  # noqa: E402
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
+from kvscope.app.frames import Frame, RequestRow  # noqa: E402
+from kvscope.app.host import protocol  # noqa: E402
 from kvscope.app.host import server as engine_host  # noqa: E402
-from kvscope.app.host.server import Frame, RequestRow, engine_threads  # noqa: E402
+from kvscope.app.host.server import engine_threads  # noqa: E402
 from kvscope.app.prefix_tree import build_tree, walk  # noqa: E402
 from kvscope.app.window.main_window import FRAME_MS, TREE_HZ, MainWindow  # noqa: E402
 from kvscope.engine import EngineConfig, KVCacheManager, SamplingParams  # noqa: E402
@@ -214,24 +216,24 @@ def windowless_run() -> tuple[float, float]:
     proc, conn = engine_host.start()
 
     def run(prompts, params) -> list:
-        for p in prompts:
-            conn.send(("submit", p, params, None))
-        conn.send(("resume",))
+        for prompt in prompts:
+            conn.send(protocol.Submit(prompt, params, None))
+        conn.send(protocol.Resume())
         records = []
-        while (msg := conn.recv())[0] != "idle":
-            if msg[0] == "frame":
-                records += msg[1].records
-                conn.send(("ready",))
+        while not isinstance(msg := conn.recv(), protocol.Idle):
+            if isinstance(msg, protocol.NewFrame):
+                records += msg.frame.records
+                conn.send(protocol.Ready())
         return records
 
-    conn.send(("load", "demo", EngineConfig(num_blocks=NUM_BLOCKS)))
-    while conn.recv()[0] != "loaded":
+    conn.send(protocol.Load("demo", EngineConfig(num_blocks=NUM_BLOCKS)))
+    while not isinstance(conn.recv(), protocol.Loaded):
         pass
     run(*WARMUP)
     t0 = time.perf_counter()
     records = run(PROMPTS, PARAMS)
     elapsed = time.perf_counter() - t0
-    conn.send(("close",))
+    conn.send(protocol.Close())
     proc.wait()
     tokens = len(PROMPTS) * PARAMS.max_tokens  # ignore_eos: every request makes all of them
     return tokens / elapsed, tokens / engine_seconds(records)

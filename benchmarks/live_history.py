@@ -29,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from kvscope.app.host import protocol  # noqa: E402
 from kvscope.app.host.server import EngineHost  # noqa: E402
 from kvscope.engine.config import EngineConfig, SamplingParams  # noqa: E402
 
@@ -66,24 +67,24 @@ def run(history: bool, n: int) -> tuple[float, int, float]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     conn = Connection(ours.detach())
-    conn.send(("load", "demo", EngineConfig(num_blocks=512, block_size=16)))
-    while conn.recv()[0] != "loaded":
+    conn.send(protocol.Load("demo", EngineConfig(num_blocks=512, block_size=16)))
+    while not isinstance(conn.recv(), protocol.Loaded):
         pass
     t = time.perf_counter()
-    for p in prompts(n):
-        conn.send(("submit", p, PARAMS, None))
-    conn.send(("resume",))
+    for prompt in prompts(n):
+        conn.send(protocol.Submit(prompt, PARAMS, None))
+    conn.send(protocol.Resume())
     steps = 0
     while True:
-        kind, *args = conn.recv()
-        if kind == "frame":
-            if args[0].records:
-                steps = args[0].records[-1].step + 1
-            conn.send(("ready",))
-        elif kind == "idle":
+        msg = conn.recv()
+        if isinstance(msg, protocol.NewFrame):
+            if msg.frame.records:
+                steps = msg.frame.records[-1].step + 1
+            conn.send(protocol.Ready())
+        elif isinstance(msg, protocol.Idle):
             break
     wall = time.perf_counter() - t
-    conn.send(("close",))
+    conn.send(protocol.Close())
     thread.join(30)
     return wall, steps, cpu[-1]
 

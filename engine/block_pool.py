@@ -20,6 +20,7 @@ replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n)
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,21 +32,33 @@ class NoFreeBlocksError(RuntimeError):
     pass
 
 
+class BlockCounts(NamedTuple):
+    """The pool's totals: every block is in exactly one of these."""
+
+    free: int  # ref count 0, no hash
+    active: int  # ref count >= 1 (shared included)
+    cached: int  # ref count 0, hash kept (evictable)
+
+
 class PoolCopy:
     """Plain copies of a pool's per-block lists and its eviction order: what a snapshot needs,
     taken in about a millisecond for 16k blocks (Snapshot.from_pool builds from it later)."""
 
     __slots__ = ("ref_count", "block_hash", "parent_hash", "hits", "last_use", "cached_seq",
-                 "_order")
+                 "_order", "_counts")
 
     def __init__(self, pool: BlockPool):
         self.ref_count, self.block_hash = pool.ref_count[:], pool.block_hash[:]
         self.parent_hash, self.hits = pool.parent_hash[:], pool.hits[:]
         self.last_use, self.cached_seq = pool.last_use[:], pool.cached_seq[:]
         self._order = pool.eviction_order()
+        self._counts = pool.counts()
 
     def eviction_order(self) -> list[int]:
         return self._order
+
+    def counts(self) -> BlockCounts:
+        return self._counts
 
 
 class BlockPool:
@@ -86,6 +99,11 @@ class BlockPool:
     def num_cached(self) -> int:
         """Blocks with ref count 0 that keep a hash (evictable)."""
         return len(self._cached)
+
+    def counts(self) -> BlockCounts:
+        """The pool's totals (free, active, cached): the one place they are computed."""
+        available, cached = len(self._free) + len(self._cached), len(self._cached)
+        return BlockCounts(available - cached, self.num_blocks - available, cached)
 
     def eviction_order(self) -> list[int]:
         """Every block with ref count 0, in the order they would be reused (a copy)."""

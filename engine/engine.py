@@ -111,7 +111,7 @@ class Engine:
         if problem:
             self._reject(req, problem)
         else:
-            self.events.emit(ev.ARRIVED, self.manager.step, rid, detail=f"{len(ids)} tokens")
+            self.events.arrived(self.manager.step, rid, len(ids))
             self.scheduler.add(req)
         return rid
 
@@ -133,7 +133,7 @@ class Engine:
         self.scheduler.remove(req)
         if req.request_id in self.manager.seqs:
             self.manager.free(req.request_id)
-        self.events.emit(ev.REJECTED, self.manager.step, req.request_id, detail=why)
+        self.events.rejected(self.manager.step, req.request_id, why)
         self._finish(req, "rejected", error=why)
 
     def _why_it_never_fits(self, req: Request) -> str | None:
@@ -249,9 +249,7 @@ class Engine:
             pool = self.manager.pool
             rec.num_waiting = len(self.scheduler.waiting)
             rec.num_running = len(self.scheduler.running)
-            rec.num_cached_blocks = pool.num_cached
-            rec.num_free_blocks = pool.num_available - pool.num_cached
-            rec.num_active_blocks = pool.num_blocks - pool.num_available
+            rec.num_free_blocks, rec.num_active_blocks, rec.num_cached_blocks = pool.counts()
             rec.wall_s = time.monotonic() - t0
             self.step_records.append(rec)
             self.num_steps += 1
@@ -283,8 +281,7 @@ class Engine:
         if req.finished:
             return
         self._release(req)
-        self.events.emit(ev.FINISHED, self.manager.step, req.request_id,
-                         detail=f"error: {message}")
+        self.events.finished(self.manager.step, req.request_id, f"error: {message}")
         self._finish(req, "error", error=message, report=False)
         outputs.append(self._output(req))
         self._failures.append((req.request_id, message, traceback.format_exc()))
@@ -470,7 +467,7 @@ class Engine:
                 self.manager.append_token_ids(req.request_id, [token])
             return
         self._release(req)
-        self.events.emit(ev.FINISHED, self.manager.step, req.request_id, detail=reason)
+        self.events.finished(self.manager.step, req.request_id, reason)
         self._finish(req, reason, report=False)
 
     def _release(self, req: Request) -> None:

@@ -1,9 +1,12 @@
 """Events: small typed records of everything the cache manager and scheduler do. Torch-free.
 
 One `Event` type, one `EventKind` per kind; each kind's fields have names (`Event.src_block`,
-`Event.block_hashes`, ...), so no consumer reads meaning from a position. The record itself is
-flat (kind, step, request, blocks, hashes, detail) because it is what the step stream carries
-and what a session stores, packed, by the million.
+`Event.block_hashes`, `Event.cached_tokens`, `Event.reason`, ...), so no consumer reads meaning
+from a position or from the text. The record itself is flat (kind, step, request, blocks, hashes,
+detail, values) because it is what the step stream carries and what a session stores, packed, by
+the million. `detail` is text for people (the event log, exports); the numbers and reasons of
+ARRIVED, ADMITTED, FINISHED and REJECTED travel in `values` (see VALUES), set by the EventLog
+methods of those kinds, which also write their detail (DETAIL_FORMATS).
 
 Where a kind matches a vLLM KV-cache event (vllm/distributed/kv_events.py) its docstring says
 so; the fields keep the same meaning, so an external event stream maps onto ours.
@@ -42,10 +45,10 @@ class EventKind(str, enum.Enum):
     vLLM's BlockRemoved."""
     # Request events (the scheduler and the engine).
     ARRIVED = "arrived"
-    """add_request accepted it into the waiting queue (detail: its tokens)."""
+    """add_request accepted it into the waiting queue (`prompt_tokens`)."""
     ADMITTED = "admitted"
-    """Moved from waiting to running, first time or after a preemption (detail: cached and
-    computed tokens)."""
+    """Moved from waiting to running, first time or after a preemption (`cached_tokens`,
+    `computed_tokens`: the tokens it found cached and those left to compute)."""
     PREFILL = "prefill"
     """A prompt chunk computed (detail: tokens)."""
     DECODE = "decode"
@@ -54,9 +57,9 @@ class EventKind(str, enum.Enum):
     """Gave its blocks back, to be recomputed later."""
     CANCELLED = "cancelled"
     REJECTED = "rejected"
-    """Can never run (detail: why)."""
+    """Can never run (`reason`: why)."""
     FINISHED = "finished"
-    """detail: the finish reason ("error: ..." for a failed forward pass)."""
+    """`reason`: the finish reason ("error: ..." for a failed forward pass)."""
 
     __str__ = str.__str__
 
@@ -83,6 +86,15 @@ FINISHED = EventKind.FINISHED
 BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET, UNCACHED)
 REQUEST_EVENTS = (ARRIVED, ADMITTED, PREFILL, DECODE, PREEMPTED, CANCELLED, REJECTED, FINISHED)
 
+# The named values each kind carries in `Event.values`, in order.
+VALUES: dict[EventKind, tuple[str, ...]] = {
+    ARRIVED: ("prompt_tokens",), ADMITTED: ("cached_tokens", "computed_tokens"),
+    FINISHED: ("reason",), REJECTED: ("reason",)}
+# The detail text of those kinds, written from their values (a session keeps the values packed
+# in it: sessions/schema.py unpacks them).
+DETAIL_FORMATS: dict[EventKind, str] = {
+    ARRIVED: "{} tokens", ADMITTED: "{} cached, {} to compute", FINISHED: "{}", REJECTED: "{}"}
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -92,7 +104,37 @@ class Event:
     blocks: tuple[int, ...] = ()
     time_ns: int = 0  # time.monotonic_ns() when it happened
     hashes: tuple[int, ...] = ()  # CACHED: the blocks' short hashes, then their parents'
-    detail: str = ""
+    detail: str = ""  # for people: the event log and exports show it
+    values: tuple = ()  # the kind's named values (VALUES): read them by name
+
+    def _value(self, name: str):
+        names = VALUES.get(self.kind, ())
+        if name not in names:
+            kinds = [str(k) for k, v in VALUES.items() if name in v]
+            raise ValueError(f"a {self.kind} event has no {name} (only {', '.join(kinds)})")
+        i = names.index(name)
+        return self.values[i] if i < len(self.values) else None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """ARRIVED: the prompt's length in tokens."""
+        return self._value("prompt_tokens")
+
+    @property
+    def cached_tokens(self) -> int:
+        """ADMITTED: prompt tokens found in the cache."""
+        return self._value("cached_tokens")
+
+    @property
+    def computed_tokens(self) -> int:
+        """ADMITTED: tokens left to compute."""
+        return self._value("computed_tokens")
+
+    @property
+    def reason(self) -> str:
+        """FINISHED: the finish reason ("error: ..." for a failed forward pass); REJECTED: why
+        it can never run."""
+        return self._value("reason")
 
     def _only(self, kind: EventKind) -> None:
         if self.kind != kind:
@@ -132,14 +174,32 @@ class EventLog:
         self._events: deque[Event] = deque(maxlen=capacity)
         self.num_dropped = 0
 
-    def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="") -> None:
+    def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="", values=()) -> None:
         if self.enabled:
             if len(self._events) == self._events.maxlen:
                 self.num_dropped += 1
             self._events.append(
                 Event(kind, step, request_id, tuple(blocks), time.monotonic_ns(), tuple(hashes),
-                      detail)
+                      detail, values)
             )
+
+    def _emit_values(self, kind: EventKind, step: int, request_id: int, *values) -> None:
+        """A kind with named values (VALUES): its detail is written from them."""
+        self.emit(kind, step, request_id, detail=DETAIL_FORMATS[kind].format(*values),
+                  values=values)
+
+    def arrived(self, step: int, request_id: int, prompt_tokens: int) -> None:
+        self._emit_values(EventKind.ARRIVED, step, request_id, prompt_tokens)
+
+    def admitted(self, step: int, request_id: int, cached_tokens: int,
+                 computed_tokens: int) -> None:
+        self._emit_values(EventKind.ADMITTED, step, request_id, cached_tokens, computed_tokens)
+
+    def finished(self, step: int, request_id: int, reason: str) -> None:
+        self._emit_values(EventKind.FINISHED, step, request_id, reason)
+
+    def rejected(self, step: int, request_id: int, reason: str) -> None:
+        self._emit_values(EventKind.REJECTED, step, request_id, reason)
 
     def cow(self, step: int, request_id: int, src_block: int, dst_block: int) -> None:
         self.emit(EventKind.COW, step, request_id, (src_block, dst_block))

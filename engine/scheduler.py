@@ -95,8 +95,7 @@ class Scheduler:
                 out.query_tokens += len(tokens)
             self.running.append(req)
             out.chunks.append(ScheduledChunk(req, cached, n))
-            mgr.events.emit(ev.ADMITTED, mgr.step, req.request_id,
-                            detail=f"{cached} cached, {len(tokens) - cached} to compute")
+            mgr.events.admitted(mgr.step, req.request_id, cached, len(tokens) - cached)
             budget -= n
         return out
 

@@ -105,8 +105,7 @@ class Snapshot:
         owner = np.full(n, -1, dtype=np.int64)
         for rid in sorted(tables, reverse=True):  # the lowest id ends up as the owner
             owner[tables[rid]] = rid
-        num_active = int((ref >= 1).sum())
-        num_cached = int((hashed & (ref == 0)).sum())
+        counts = pool.counts()
         return cls(
             step=step, block_size=block_size, state=state, ref_count=ref, owner=owner,
             block_hash=block_hash, last_use=np.array(pool.last_use, dtype=np.int64),
@@ -114,8 +113,8 @@ class Snapshot:
             hit_count=np.array(pool.hits, dtype=np.int32),
             block_tables={r: np.array(t, dtype=np.int32) for r, t in tables.items()},
             num_computed_tokens=dict(num_computed_tokens),
-            num_free_blocks=n - num_active - num_cached, num_active_blocks=num_active,
-            num_cached_blocks=num_cached, num_shared_blocks=int((ref >= 2).sum()),
+            num_free_blocks=counts.free, num_active_blocks=counts.active,
+            num_cached_blocks=counts.cached, num_shared_blocks=int((ref >= 2).sum()),
             counters=counters, cached_seq=np.array(pool.cached_seq, dtype=np.int64))
 
     def equals(self, other: Snapshot) -> bool:

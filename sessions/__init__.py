@@ -13,9 +13,10 @@ from kvscope.sessions.errors import (
     TruncatedSessionError,
 )
 from kvscope.sessions.export import chrome_trace, export_chrome_trace, export_csv
-from kvscope.sessions.reader import Frame, RecordedRequest, SessionMeta, SessionReader
+from kvscope.sessions.reader import RecordedRequest, SessionMeta, SessionReader
 from kvscope.sessions.recorder import Recorder, RecorderStatus
 from kvscope.sessions.schema import SCHEMA_VERSION, SUFFIX
+from kvscope.sessions.seek import Frame
 
 __all__ = ["SCHEMA_VERSION", "SUFFIX", "CorruptSessionError", "Frame", "MissingSessionError",
            "NewerSchemaError", "NotASessionError", "RecordedRequest", "Recorder",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 
 class SessionError(Exception):
     """A session file cannot be opened or replayed. The message is one line for the user."""
@@ -29,3 +32,13 @@ class NewerSchemaError(SessionError):
 
 class ReplayError(CorruptSessionError):
     """Replaying the recorded events does not reproduce a consistent block pool."""
+
+
+def db_error(path: Path, e: sqlite3.DatabaseError) -> SessionError:
+    """The SessionError for an SQLite error met while reading `path`."""
+    msg = str(e)
+    if "file is not a database" in msg:
+        return NotASessionError(f"{path}: not a kvscope session (not an SQLite database)")
+    if "malformed" in msg or "corrupt" in msg:
+        return CorruptSessionError(f"{path}: damaged session ({msg})")
+    return SessionError(f"{path}: cannot read the session ({msg})")

@@ -21,9 +21,7 @@ import shutil
 import sqlite3
 import tempfile
 import urllib.parse
-from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -31,9 +29,8 @@ import numpy as np
 
 from kvscope.engine import policies
 from kvscope.engine.config import shown
-from kvscope.engine.events import Event, EventKind
+from kvscope.engine.events import Event
 from kvscope.engine.metrics import StepRecord
-from kvscope.engine.snapshot import Snapshot
 from kvscope.sessions import schema
 from kvscope.sessions.errors import (
     CorruptSessionError,
@@ -42,16 +39,13 @@ from kvscope.sessions.errors import (
     NotASessionError,
     SessionError,
     TruncatedSessionError,
+    db_error,
 )
 from kvscope.sessions.lock import holder
 from kvscope.sessions.replay import PoolReplay
-from kvscope.sessions.schema import TOTALS
+from kvscope.sessions.seek import Seeking
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-# Replays kept for seeking, at keyframes and halfway between them: at most KEPT_REPLAYS, and
-# KEPT_BLOCKS blocks in all (one replay at least; about 180 bytes a block, so about 47 MB at
-# most). Intervals shorter than twice MIN_HALF_INTERVAL steps are not split.
-KEPT_REPLAYS, KEPT_BLOCKS, MIN_HALF_INTERVAL = 16, 1 << 18, 16
 _COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict}
 
 
@@ -101,16 +95,7 @@ class RecordedRequest:
     output_text: str | None
 
 
-@dataclass
-class Frame:
-    """One step of playback."""
-
-    record: StepRecord
-    events: list[Event]
-    snapshot: Snapshot
-
-
-class SessionReader:
+class SessionReader(Seeking):
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._tmpdir = None
@@ -119,7 +104,7 @@ class SessionReader:
             self._load_index()
         except sqlite3.DatabaseError as e:
             self.close()
-            raise _db_error(self.path, e) from e
+            raise db_error(self.path, e) from e
         except BaseException:
             self.close()
             raise
@@ -255,7 +240,7 @@ class SessionReader:
         try:
             self._load_index()
         except sqlite3.DatabaseError as e:
-            raise _db_error(self.path, e) from e
+            raise db_error(self.path, e) from e
 
     def close(self) -> None:
         if getattr(self, "_conn", None) is not None:
@@ -386,8 +371,7 @@ class SessionReader:
         """Events published by steps first..last (inclusive), in order. An event's own `step` is
         the step the engine stamped on it (one step earlier for a cancel between steps)."""
         try:
-            return [Event(EventKind(k), st, rid, blocks, t, hashes, detail)
-                    for _, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last)]
+            return [schema.event_of(*e) for _, e in self._events(first, last)]
         except ValueError as e:  # a kind this kvscope does not know
             raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
                                       f"{e}") from e
@@ -398,8 +382,11 @@ class SessionReader:
     def events_published(self, first: int, last: int, kinds=None) -> list[tuple[int, Event]]:
         """(the step that published it, event) for the events of steps first..last, optionally
         only those of some kinds (one query: cheap for a whole session)."""
-        return [(s, Event(k, st, rid, blocks, t, hashes, detail))
-                for s, (k, st, rid, blocks, hashes, t, detail) in self._events(first, last, kinds)]
+        try:
+            return [(s, schema.event_of(*e)) for s, e in self._events(first, last, kinds)]
+        except ValueError as e:  # a kind this kvscope does not know
+            raise CorruptSessionError(f"{self.path}: damaged events in steps {first}..{last}: "
+                                      f"{e}") from e
 
     def _events(self, first: int, last: int, kinds=None) -> list[tuple[int, tuple]]:
         """(published step, event tuple) pairs, optionally only of some kinds."""
@@ -435,145 +422,13 @@ class SessionReader:
         try:
             return load_experiments(self._conn, self.path)
         except sqlite3.DatabaseError as e:
-            raise _db_error(self.path, e) from e
-
-    # ---------------------------------------------------------------- replay
-    def snapshot_at(self, step: int) -> Snapshot:
-        """The block state at the end of `step`, equal to the live engine's snapshot then."""
-        self._check_step(step)
-        k = bisect_right(self.keyframe_steps, step) - 1
-        if k < 0:
-            raise CorruptSessionError(f"{self.path}: damaged session: no keyframe at or before "
-                                      f"step {step}")
-        base = self.keyframe_steps[k]
-        cur = self._cursor
-        # the nearest replay kept between the keyframe and the step (see _midpoint)
-        kept = max((s for s in self._at_keyframe if base < s <= step), default=None)
-        if cur is not None and base <= cur.step <= step and (kept is None or cur.step >= kept):
-            if cur.step == step:
-                return cur.snapshot()
-        elif kept is not None:
-            cur = self._cursor = self._replay_at(kept)
-        else:
-            if base == step:
-                kf = self._keyframe(base)
-                self._cursor = self._replay_at(base, kf)
-                return kf
-            cur = self._cursor = self._replay_at(base)
-        mid = self._midpoint(k)
-        try:
-            if mid is not None and cur.step < mid < step and mid not in self._at_keyframe:
-                self._advance(cur, mid)  # kept on the way: later seeks past it start there
-                self._keep(mid, cur.copy())
-            self._advance(cur, step)
-        except BaseException:
-            self._cursor = None  # half-replayed: start from a keyframe next time
-            raise
-        return cur.snapshot()
-
-    def _check_step(self, step: int) -> None:
-        if not self._steps or not self.first_step <= step <= self.last_step:
-            rng = f"{self.first_step}..{self.last_step}" if self._steps else "none"
-            raise IndexError(f"step {step} is not in this session (steps {rng})")
-        if step not in self._captured:
-            raise SessionError(f"step {step} was published without its block state (the "
-                               "recorder missed it); its neighbours replay normally")
-
-    def _replay_at(self, base: int, kf: Snapshot | None = None) -> PoolReplay:
-        """A fresh replay from step `base`: a copy of the one kept there, or of a new one from
-        the keyframe at `base`."""
-        kept = self._at_keyframe
-        if base in kept:
-            kept.move_to_end(base)
-        else:
-            self._keep(base, PoolReplay(self._keyframe(base) if kf is None else kf,
-                                        self._policy))
-        return kept[base].copy()
-
-    def _keep(self, step: int, replay: PoolReplay) -> None:
-        kept = self._at_keyframe
-        kept[step] = replay
-        keep = max(1, min(KEPT_REPLAYS, KEPT_BLOCKS // max(1, self.meta.num_blocks)))
-        while len(kept) > keep:
-            kept.popitem(last=False)
-
-    def _midpoint(self, k: int) -> int | None:
-        """The step halfway through keyframe k's interval, where a seek keeps a replay (half the
-        events to replay from there on); None in a short interval."""
-        base = self.keyframe_steps[k]
-        end = (self.keyframe_steps[k + 1] if k + 1 < len(self.keyframe_steps)
-               else self.last_step)
-        return base + (end - base) // 2 if end - base >= MIN_HALF_INTERVAL * 2 else None
-
-    def _keyframe(self, step: int) -> Snapshot:
-        conn = self._conn
-        conn.row_factory = sqlite3.Row
-        try:
-            row = conn.execute("SELECT * FROM keyframes WHERE step = ?", (step,)).fetchone()
-        except sqlite3.DatabaseError as e:
-            raise _db_error(self.path, e) from e
-        finally:
-            conn.row_factory = None
-        if row is None:
-            raise CorruptSessionError(f"{self.path}: damaged session: keyframe {step} missing")
-        try:
-            return schema.decode_keyframe(dict(row))
-        except Exception as e:  # noqa: BLE001 - zlib / numpy / json errors of a damaged row
-            raise CorruptSessionError(f"{self.path}: damaged keyframe at step {step}: {e}") \
-                from e
-
-    def _advance(self, cur: PoolReplay, step: int) -> None:
-        """Replay steps cur.step+1 .. step on the cursor."""
-        first = cur.step + 1
-        totals_cols = list(TOTALS.values())
-        rows = self._query(f"SELECT step, nct, captured, {', '.join(totals_cols)} FROM steps "
-                           "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
-        events = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "
-                             "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
-        i, n = 0, len(events)
-        try:
-            for s, blob, captured, *totals in rows:
-                while i < n and events[i][0] == s:
-                    cur.apply_packed(events[i])
-                    i += 1
-                if not captured:
-                    continue  # only the block events are known; the next keyframe resyncs
-                cur.end_step(s, schema.decode_nct(blob), dict(zip(TOTALS, totals, strict=True)))
-        except (ValueError, IndexError, TypeError, KeyError) as e:
-            raise CorruptSessionError(f"{self.path}: damaged steps {first}..{step}: {e}") from e
-        cur.step = step
-
-    def playback(self, first: int | None = None, last: int | None = None) -> Iterator[Frame]:
-        """Frames for steps first..last, each built incrementally from the previous one."""
-        first = self.first_step if first is None else first
-        last = self.last_step if last is None else last
-        if not self._steps:
-            return
-        for rec in self.steps(first, last):
-            if rec.step in self._captured:
-                yield Frame(rec, self.events_at(rec.step), self.snapshot_at(rec.step))
-
-    __iter__ = playback
-
-    def verify(self) -> list[str]:
-        """Replay each keyframe's interval and compare with the next keyframe. Returns the
-        problems found (empty: the events reproduce every keyframe exactly)."""
-        problems = []
-        for a, b in zip(self.keyframe_steps, self.keyframe_steps[1:], strict=False):
-            cur = PoolReplay(self._keyframe(a), self._policy)
-            try:
-                self._advance(cur, b)
-                if not cur.snapshot().equals(self._keyframe(b)):
-                    problems.append(f"steps {a}..{b}: replay differs from the keyframe at {b}")
-            except SessionError as e:
-                problems.append(f"steps {a}..{b}: {e}")
-        return problems
+            raise db_error(self.path, e) from e
 
     def _query(self, sql: str, args=()) -> list[tuple]:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
-            raise _db_error(self.path, e) from e
+            raise db_error(self.path, e) from e
 
 
 def _unreadable(p: Path, header: bytes, has_wal: bool, why) -> SessionError:
@@ -591,14 +446,5 @@ def _unreadable(p: Path, header: bytes, has_wal: bool, why) -> SessionError:
         return CorruptSessionError(f"{p}: unreadable with the sidecar {wal.name} next to it "
                                    "(is it stale, left by another recording?)")
     if isinstance(why, sqlite3.DatabaseError):
-        return _db_error(p, why)
+        return db_error(p, why)
     return NotASessionError(f"{p}: not a kvscope session ({why})")
-
-
-def _db_error(path: Path, e: sqlite3.DatabaseError) -> SessionError:
-    msg = str(e)
-    if "file is not a database" in msg:
-        return NotASessionError(f"{path}: not a kvscope session (not an SQLite database)")
-    if "malformed" in msg or "corrupt" in msg:
-        return CorruptSessionError(f"{path}: damaged session ({msg})")
-    return SessionError(f"{path}: cannot read the session ({msg})")

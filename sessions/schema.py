@@ -40,6 +40,7 @@ schema version); the ``session`` row repeats the schema version.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from array import array
 from dataclasses import fields
@@ -47,6 +48,7 @@ from itertools import accumulate, chain
 
 import numpy as np
 
+from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import CacheCounters, Snapshot
@@ -210,6 +212,36 @@ def unpack_events(row, kinds_wanted=None) -> list[tuple]:
         out.append((kinds[i], steps[i], None if rid < 0 else rid, tuple(blocks[be - nb[i]:be]),
                     tuple(hashes[he - nh[i]:he]) if nh[i] else (), times[i], details[i]))
     return out
+
+
+def _values_codec(fmt: str):
+    """A detail format's inverse: a pattern and how to convert its groups ("{} cached, {} to
+    compute": two ints; "{}", the whole text: a reason)."""
+    if fmt == "{}":
+        return re.compile(r"(?s)(.*)"), tuple
+    pattern = re.compile(re.escape(fmt).replace(r"\{\}", "([0-9]+)"))
+    return pattern, lambda groups: tuple(map(int, groups))
+
+
+_VALUE_CODECS = {kind: _values_codec(fmt) for kind, fmt in ev.DETAIL_FORMATS.items()}
+
+
+def event_values(kind: str, detail: str) -> tuple:
+    """The named values (events.VALUES) of an event as a session stores them: packed in its
+    detail text, which the engine writes from them (events.DETAIL_FORMATS), in files of every
+    version. The one place that reads a detail back; () when it does not match (a damaged
+    file: the event then has no values)."""
+    codec = _VALUE_CODECS.get(kind)
+    m = None if codec is None else codec[0].fullmatch(detail)
+    return () if m is None else codec[1](m.groups())
+
+
+def event_of(kind: str, step: int, rid: int | None, blocks: tuple, hashes: tuple, time_ns: int,
+             detail: str) -> ev.Event:
+    """An unpacked event tuple (see unpack_events) as the Event the engine published (ValueError:
+    a kind this kvscope does not know)."""
+    return ev.Event(ev.EventKind(kind), step, rid, blocks, time_ns, hashes, detail,
+                    event_values(kind, detail))
 
 
 # ------------------------------------------------------- computed-token deltas

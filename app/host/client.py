@@ -17,6 +17,7 @@ import time
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from kvscope.app.frames import EngineInfo, Frame
+from kvscope.app.host import protocol as p
 from kvscope.app.host import server as engine_host
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
@@ -49,13 +50,15 @@ class _Process:
                         code = self.proc.wait(CLOSE_TIMEOUT_S)
                     except subprocess.TimeoutExpired:
                         code = None
-                    deliver(self, ("exited", _describe_exit(code)))
+                    deliver(self, p.Exited(_describe_exit(code)))
                     return
+                except Exception as e:  # noqa: BLE001 - bytes that do not unpickle
+                    msg = p.Unreadable(f"{type(e).__name__}: {e}")
                 deliver(self, msg)
         except RuntimeError:  # "Signal source has been deleted": the window closed first
             return
 
-    def send(self, *msg) -> bool:
+    def send(self, msg: p.Command) -> bool:
         try:
             with self._send_lock:
                 self.conn.send(msg)
@@ -68,7 +71,7 @@ class _Process:
 
     def close(self, wait: bool = False) -> None:
         """Ask the process to finish (it closes any recording first)."""
-        self.send("close")
+        self.send(p.Close())
         if wait:
             try:
                 self.proc.wait(SILENT_CLOSE_TIMEOUT_S if self.silent() else CLOSE_TIMEOUT_S)
@@ -128,55 +131,56 @@ class EngineClient(QObject):
         except OSError as e:  # no process could be started (out of memory, no executable)
             self.load_failed.emit(f"cannot start the engine process: {e}", "")
             return
-        self._loading.send("load", model, config)
+        self._loading.send(p.Load(model, config))
 
     def cancel_load(self) -> None:
         if self._loading is not None:
             loading, self._loading = self._loading, None
             loading.kill()
 
-    def submit(self, prompt, params, cache_salt) -> None:
-        self._send("submit", prompt, params, cache_salt)
+    def submit(self, prompt, params, cache_salt, run: bool = False) -> None:
+        """Queue a prompt (run: and run the engine, in the same command)."""
+        self._send(p.Submit(prompt, params, cache_salt, bool(run)))
 
     def run_workload(self, workload) -> None:
-        self._send("workload", workload)
+        self._send(p.RunWorkload(workload))
 
     def resume(self) -> None:
-        self._send("resume")
+        self._send(p.Resume())
 
     def pause(self) -> None:
-        self._send("pause")
+        self._send(p.Pause())
 
     def pace(self, steps_per_second: float) -> None:
         """Running steps at most this often (0: as fast as the engine can)."""
-        self._send("pace", steps_per_second)
+        self._send(p.Pace(steps_per_second))
 
     def step_once(self) -> None:
-        self._send("step")
+        self._send(p.Step())
 
     def cancel(self, request_id: int) -> None:
-        self._send("cancel", int(request_id))
+        self._send(p.Cancel(int(request_id)))
 
     def reset_prefix_cache(self) -> None:
-        self._send("reset_prefix_cache")
+        self._send(p.ResetPrefixCache())
 
     def watch(self, request_id: int | None) -> None:
         """Frames carry this request's text (prompt and output, cut at token boundaries)."""
-        self._send("watch", None if request_id is None else int(request_id))
+        self._send(p.Watch(None if request_id is None else int(request_id)))
 
     def start_recording(self, path: str, record_text: bool) -> None:
-        self._send("record", path, record_text)
+        self._send(p.Record(path, bool(record_text)))
 
     def stop_recording(self) -> None:
-        self._send("stop_record")
+        self._send(p.StopRecord())
 
     def shutdown(self) -> None:
         """Stop every engine process, letting each finish its recording."""
         self.cancel_load()
-        procs = [p for p in (self._current, *self._closing) if p is not None]
+        procs = [proc for proc in (self._current, *self._closing) if proc is not None]
         self._current, self._closing, self.info = None, [], None
-        for p in procs:
-            p.close(wait=True)
+        for proc in procs:
+            proc.close(wait=True)
 
     @property
     def pid(self) -> int | None:
@@ -187,16 +191,16 @@ class EngineClient(QObject):
     def loading(self) -> bool:
         return self._loading is not None
 
-    def _send(self, *msg) -> None:
+    def _send(self, cmd: p.Command) -> None:
         if self._current is not None:
-            self._current.send(*msg)
+            self._current.send(cmd)
 
     def take_frame(self) -> Frame | None:
         """What happened since the last call (None if nothing); the engine then builds the
         next frame."""
         frame, self._frame = self._frame, None
         if frame is not None:
-            self._send("ready")
+            self._send(p.Ready())
         return frame
 
     # ------------------------------------------------------------- messages
@@ -204,7 +208,7 @@ class EngineClient(QObject):
         """Ping the loaded engine (it answers between steps) and say when it stops answering."""
         proc = self._current
         if proc is not None and not proc.pinged:
-            proc.pinged = proc.send("ping")
+            proc.pinged = proc.send(p.Ping())
         self._set_silent(proc is not None and proc.silent())
 
     def _set_silent(self, silent: bool) -> None:
@@ -212,65 +216,94 @@ class EngineClient(QObject):
             self._silent = silent
             self.not_responding.emit(silent)
 
-    def _on_message(self, proc: _Process, msg: tuple) -> None:
-        kind, *args = msg
+    def _on_message(self, proc: _Process, msg) -> None:
+        """One message from a process, dispatched by its type and by which process sent it
+        (the loaded engine's, the one loading, or one closing); an unknown or malformed one is
+        shown as an engine error."""
         proc.last_heard = time.monotonic()
-        if kind == "pong":
+        try:
+            p.check(msg, p.MESSAGES, "message from the engine process")
+        except p.ProtocolError as e:
+            self.engine_error.emit(str(e), "")
+            return
+        if isinstance(msg, p.Unreadable):
+            self.engine_error.emit(f"an unreadable message from the engine process ({msg.why})",
+                                   "")
+            return
+        if isinstance(msg, p.Pong):
             proc.pinged = False
             if proc is self._current:
                 self._set_silent(False)
             return
         if proc is self._loading:
-            self._on_loading_message(kind, args)
+            table = self._LOADING
         elif proc is self._current:
-            self._on_current_message(kind, args)
-        elif kind == "recording":  # an old engine finished its recording while closing
-            self.recording = None
-            self.recording_changed.emit(*args)
-        elif kind == "exited" and proc in self._closing:
+            table = self._CURRENT
+        else:
+            table = self._CLOSING
+        handler = table.get(type(msg))
+        if handler is not None:  # others mean nothing from this process now
+            handler(self, proc, msg)
+
+    # ----------------------------------------- the process loading a model
+    def _on_loaded(self, loading: _Process, msg: p.Loaded) -> None:
+        old, self._current, self._loading = self._current, loading, None
+        if old is not None:
+            old.close()
+            self._closing.append(old)
+        self.info, self._frame = msg.info, None
+        self.model_loaded.emit(self.info)
+
+    def _on_load_failed(self, loading: _Process, msg: p.LoadFailed | p.Exited) -> None:
+        self._loading = None
+        loading.close()
+        if isinstance(msg, p.Exited):
+            self.load_failed.emit(f"the engine process exited while loading ({msg.how})", "")
+        else:
+            self.load_failed.emit(msg.message, msg.detail)
+
+    _LOADING = {p.Loaded: _on_loaded, p.LoadFailed: _on_load_failed, p.Exited: _on_load_failed}
+
+    # ------------------------------------------------ the loaded engine's
+    def _on_frame(self, _proc, msg: p.NewFrame) -> None:
+        frame = msg.frame
+        self.info.update(frame)
+        self._frame = frame if self._frame is None else self._frame.merge(frame)
+
+    def _on_recording(self, _proc, msg: p.Recording) -> None:
+        self.recording = msg.path
+        self.recording_changed.emit(msg.path, msg.note)
+
+    def _on_exited(self, _proc, msg: p.Exited) -> None:
+        self._current, self.info, self._frame = None, None, None
+        self.running_changed.emit(False)
+        if self.recording is not None:
+            path, self.recording = self.recording, None
+            self.recording_changed.emit(None, f"recording to {path} ended with the engine")
+        self.engine_exited.emit(f"The engine process stopped unexpectedly ({msg.how}). "
+                                "Load a model to start a new one.")
+
+    _CURRENT = {
+        p.NewFrame: _on_frame,
+        p.Running: lambda self, _proc, msg: self.running_changed.emit(msg.running),
+        p.Recording: _on_recording,
+        p.Error: lambda self, _proc, msg: self.engine_error.emit(msg.message, msg.detail),
+        p.RequestFailed: lambda self, _proc, msg: self.request_failed.emit(msg.message,
+                                                                           msg.detail),
+        p.Rejected: lambda self, _proc, msg: self.rejected.emit(msg.message),
+        p.Submitted: lambda self, _proc, msg: self.submitted.emit(msg.request_id),
+        p.Idle: lambda self, _proc, _msg: self.idle.emit(),
+        p.Exited: _on_exited,
+    }
+
+    # ------------------------------------------- a process being closed
+    def _on_closing_recording(self, _proc, msg: p.Recording) -> None:
+        """An old engine finished its recording while closing."""
+        self.recording = None
+        self.recording_changed.emit(msg.path, msg.note)
+
+    def _on_closed(self, proc: _Process, _msg) -> None:
+        if proc in self._closing:
             self._closing.remove(proc)
 
-    def _on_loading_message(self, kind: str, args: list) -> None:
-        loading = self._loading
-        if kind == "loaded":
-            old, self._current, self._loading = self._current, loading, None
-            if old is not None:
-                old.close()
-                self._closing.append(old)
-            self.info, self._frame = args[0], None
-            self.model_loaded.emit(self.info)
-        elif kind in ("load_failed", "exited"):
-            self._loading = None
-            loading.close()
-            if kind == "exited":
-                args = [f"the engine process exited while loading ({args[0]})", ""]
-            self.load_failed.emit(*args)
-
-    def _on_current_message(self, kind: str, args: list) -> None:
-        if kind == "frame":
-            frame = args[0]
-            self.info.update(frame)
-            self._frame = frame if self._frame is None else self._frame.merge(frame)
-        elif kind == "running":
-            self.running_changed.emit(*args)
-        elif kind == "recording":
-            self.recording = args[0]
-            self.recording_changed.emit(*args)
-        elif kind == "error":
-            self.engine_error.emit(*args)
-        elif kind == "request_failed":
-            self.request_failed.emit(*args)
-        elif kind == "rejected":
-            self.rejected.emit(*args)
-        elif kind == "submitted":
-            self.submitted.emit(*args)
-        elif kind == "idle":
-            self.idle.emit()
-        elif kind == "exited":
-            self._current, self.info, self._frame = None, None, None
-            self.running_changed.emit(False)
-            if self.recording is not None:
-                path, self.recording = self.recording, None
-                self.recording_changed.emit(None, f"recording to {path} ended with the engine")
-            self.engine_exited.emit(f"The engine process stopped unexpectedly ({args[0]}). "
-                                    "Load a model to start a new one.")
+    _CLOSING = {p.Recording: _on_closing_recording, p.Exited: _on_closed}

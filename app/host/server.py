@@ -4,13 +4,9 @@ The window talks to it over a socket wrapped in a `multiprocessing` Connection
 (`app/host/client.py` is the other end). In its own process the engine never shares an
 interpreter lock with drawing, so the window can take its time painting without slowing a step.
 
-Commands in (tuples, the first item names them): load, submit, workload, resume, pause, step,
-pace (steps per second while running, 0: as fast as it can), cancel, reset_prefix_cache, record,
-stop_record, watch (the request whose text frames carry: the window's selection), ready (the
-window took the last frame), ping, close. Messages out: loaded (EngineInfo), load_failed,
-error (the engine paused on an exception), request_failed (one request's forward pass or
-sampling raised; the others run on), rejected (a submit that could not be queued), submitted
-(its request id), running, recording, idle, frame, pong.
+Commands in and messages out are the typed dataclasses of `app/host/protocol.py`, dispatched
+by one table (`EngineHost._handlers`); a command that is unknown or malformed is answered by
+an `Error` message, and the process serves on.
 
 Frames are paced by the window: after one is sent the next is built only once the window says
 `ready`, so snapshots it would drop are never built, while every step record and event is kept
@@ -32,100 +28,23 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import numpy as np
-
-from kvscope.app.frames import EngineInfo, Frame, RequestRow, RequestText, evicted_at
-from kvscope.engine import events as ev
+from kvscope.app.frames import EngineInfo, Frame, RequestText, evicted_at
+from kvscope.app.host import protocol
+from kvscope.app.host.tables import RequestTable, SampledCounts
 from kvscope.engine.stream import StepQueue
 from kvscope.engine.token_text import TokenPieces
 
 HISTORY_WAIT_S = 5.0  # saving the history waits at most this long for its last steps
-
-
-class RequestTable:
-    """The requests table, kept from the step stream alone: one row per request in arrival
-    order, each in the state it is in after the step (prefill: prompt tokens still to compute;
-    decode: it has sampled); finished rows beyond `history` are dropped, oldest first. Each
-    request's prompt and output token ids are kept beside its row (never sent: the text view
-    asks for one request's text)."""
-
-    def __init__(self, history: int = 1024):
-        self.rows: dict[int, RequestRow] = {}
-        self.tokens: dict[int, tuple[list[int], list[int]]] = {}  # (prompt ids, output ids)
-        self.history = history
-        self._finished: list[int] = []
-
-    def apply(self, update) -> None:
-        rows = self.rows
-        for r in update.new_requests:
-            if r.request_id in rows:  # already shown: submitted between steps
-                continue
-            rows[r.request_id] = RequestRow(
-                r.request_id, "waiting" if r.parent_id is None else "decode",
-                len(r.prompt_token_ids), 0, 0, None, None, r.cache_salt, r.parent_id, "")
-            self.tokens[r.request_id] = (r.prompt_token_ids, [])
-        for e in update.events:
-            row = rows.get(e.request_id)
-            if row is None or row.state.startswith("finished"):
-                continue
-            if e.kind in (ev.ADMITTED, ev.PREFILL):
-                row.state = "prefill"
-            elif e.kind == ev.PREEMPTED:
-                row.state = "waiting"
-        for o in update.outputs:
-            self.set_output(o)
-        if len(self._finished) > self.history:
-            drop, self._finished = (self._finished[:-self.history],
-                                    self._finished[-self.history:])
-            for rid in drop:
-                rows.pop(rid, None)
-                self.tokens.pop(rid, None)
-
-    def set_output(self, o) -> None:
-        """A request's state from its RequestOutput (after a step, or a submit or cancel
-        between steps)."""
-        row = self.rows.get(o.request_id)
-        if row is None:
-            row = self.rows[o.request_id] = RequestRow(
-                o.request_id, "waiting", len(o.prompt_token_ids or ()), 0, 0, None, None,
-                o.cache_salt, o.parent_id, "")
-        prompt = self.tokens.get(o.request_id, (o.prompt_token_ids or [], []))[0]
-        self.tokens[o.request_id] = (prompt, o.token_ids)  # a fresh list per output
-        m = o.metrics
-        row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens, len(o.token_ids),
-                                                          o.text)
-        row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
-        if o.finished and not row.state.startswith("finished"):
-            row.state = f"finished: {o.finish_reason}"
-            self._finished.append(o.request_id)
-        elif not o.finished and o.token_ids and row.state == "prefill":
-            row.state = "decode"  # it has sampled: every known token but the last is computed
+# Commands that mean nothing before a model is loaded (ignored then).
+NEEDS_ENGINE = frozenset({protocol.Submit, protocol.RunWorkload, protocol.Resume, protocol.Pause,
+                          protocol.Pace, protocol.Step, protocol.Cancel,
+                          protocol.ResetPrefixCache, protocol.Record, protocol.StopRecord})
 
 
 def cpu_cores() -> int:
     """The CPUs this process may run on."""
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
-
-
-class SampledCounts:
-    """(step, count) at each frame sent: at most about `limit` points, every other one dropped
-    when there are more, so a long run keeps its whole span at a coarser grain."""
-
-    def __init__(self, limit: int = 4096):
-        self.steps: list[int] = []
-        self.counts: list[int] = []
-        self.limit = limit
-
-    def add(self, step: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.steps and self.steps[-1] == step:
-            self.counts[-1] = count
-        else:
-            self.steps.append(step)
-            self.counts.append(count)
-        if len(self.steps) > self.limit:
-            self.steps, self.counts = self.steps[::2], self.counts[::2]
-        return np.array(self.steps), np.array(self.counts)
 
 
 def engine_threads() -> int:
@@ -199,7 +118,7 @@ class EngineHost:
         try:
             while True:
                 if self.conn.poll(self._timeout()):
-                    if not self._handle_safely(self.conn.recv()):
+                    if not self._handle_safely(self._receive()):
                         return
                 elif self.running:
                     self._tick()
@@ -214,14 +133,23 @@ class EngineHost:
             return None  # wait for a command
         return max(0.0, self.due - time.monotonic())
 
-    def _send(self, *msg) -> None:
+    def _send(self, msg: protocol.Message) -> None:
         try:
             self.conn.send(msg)
         except (OSError, EOFError) as e:
             raise _WindowGone from e
 
+    def _receive(self) -> object:
+        """The next command, or the ProtocolError that replaces one that does not unpickle."""
+        try:
+            return self.conn.recv()
+        except (OSError, EOFError):
+            raise
+        except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+            return protocol.ProtocolError(f"malformed engine command: {_one_line(e)}")
+
     # --------------------------------------------------------------- commands
-    def _handle_safely(self, msg: tuple) -> bool:
+    def _handle_safely(self, msg) -> bool:
         """A command that fails pauses the engine and says why; the process serves on."""
         try:
             return self._handle(msg)
@@ -229,60 +157,83 @@ class EngineHost:
             raise
         except Exception as e:  # noqa: BLE001
             self.running = False
-            self._send("running", False)
-            self._send("error", _one_line(e), traceback.format_exc())
+            self._send(protocol.Running(False))
+            if isinstance(e, protocol.ProtocolError):  # its text says all there is
+                self._send(protocol.Error(str(e), ""))
+            else:
+                self._send(protocol.Error(_one_line(e), traceback.format_exc()))
             return True
 
-    def _handle(self, msg: tuple) -> bool:
-        kind, *args = msg
-        if kind == "ping":  # the window's heartbeat: answered between steps
-            self._send("pong")
-            return True
-        if kind == "close":
-            self._stop_recording()  # and say so: the window shows where the file is
-            return False
-        if kind == "ready":
-            self.ready = True
-            if self.dirty and self.engine is not None:
-                self._publish()
-        elif kind == "watch":
-            self.watched, self._text_sent = args[0], None
-            if self.engine is not None:
-                self._publish(force=True)
-        elif kind == "load":
-            self._load(*args)
-        elif self.engine is None:
-            pass  # nothing else means anything before a model is loaded
-        elif kind == "submit":
-            self._submit(*args)
-        elif kind == "workload":
-            self._run_workload(*args)
-        elif kind == "resume":
-            self._set_running(True)
-            self.due = 0.0
-        elif kind == "pause":
-            self._set_running(False)
-        elif kind == "pace":
-            self.step_s = 1.0 / args[0] if args[0] > 0 else 0.0
-        elif kind == "step":
-            self._set_running(False)
-            if self._step() is None:
-                self._send("idle")
+    def _handle(self, msg) -> bool:
+        """Run one command; False: the window said Close."""
+        if isinstance(msg, protocol.ProtocolError):
+            raise msg
+        cmd = protocol.check(msg, protocol.COMMANDS, "engine command")
+        if self.engine is None and type(cmd) in NEEDS_ENGINE:
+            return True  # nothing else means anything before a model is loaded
+        return self._handlers[type(cmd)](self, cmd) is not False
+
+    def _on_ping(self, _cmd) -> None:  # the window's heartbeat: answered between steps
+        self._send(protocol.Pong())
+
+    def _on_close(self, _cmd) -> bool:
+        self._stop_recording()  # and say so: the window shows where the file is
+        return False
+
+    def _on_ready(self, _cmd) -> None:
+        self.ready = True
+        if self.dirty and self.engine is not None:
+            self._publish()
+
+    def _on_watch(self, cmd: protocol.Watch) -> None:
+        self.watched, self._text_sent = cmd.request_id, None
+        if self.engine is not None:
             self._publish(force=True)
-        elif kind == "cancel":
-            if self.engine.cancel(*args):
-                self.table.set_output(self.engine.request_output(*args))
-                self._publish(force=True)
-        elif kind == "reset_prefix_cache":
-            self.engine.reset_prefix_cache()
+
+    def _on_submit(self, cmd: protocol.Submit) -> None:
+        self._submit(cmd.prompt, cmd.params, cmd.cache_salt)
+        if cmd.run:
+            self._on_resume(cmd)
+
+    def _on_resume(self, _cmd) -> None:
+        self._set_running(True)
+        self.due = 0.0
+
+    def _on_pace(self, cmd: protocol.Pace) -> None:
+        self.step_s = 1.0 / cmd.steps_per_second if cmd.steps_per_second > 0 else 0.0
+
+    def _on_step(self, _cmd) -> None:
+        self._set_running(False)
+        if self._step() is None:
+            self._send(protocol.Idle())
+        self._publish(force=True)
+
+    def _on_cancel(self, cmd: protocol.Cancel) -> None:
+        if self.engine.cancel(cmd.request_id):
+            self.table.set_output(self.engine.request_output(cmd.request_id))
             self._publish(force=True)
-        elif kind == "record":
-            self._start_recording(*args)
-        elif kind == "stop_record":
-            self._stop_recording()
-        else:
-            raise ValueError(f"unknown engine command {kind!r}")
-        return True
+
+    def _on_reset_prefix_cache(self, _cmd) -> None:
+        self.engine.reset_prefix_cache()
+        self._publish(force=True)
+
+    _handlers = {
+        protocol.Ping: _on_ping,
+        protocol.Close: _on_close,
+        protocol.Ready: _on_ready,
+        protocol.Watch: _on_watch,
+        protocol.Load: lambda self, cmd: self._load(cmd.model, cmd.config),
+        protocol.Submit: _on_submit,
+        protocol.RunWorkload: lambda self, cmd: self._run_workload(cmd.workload),
+        protocol.Resume: _on_resume,
+        protocol.Pause: lambda self, _cmd: self._set_running(False),
+        protocol.Pace: _on_pace,
+        protocol.Step: _on_step,
+        protocol.Cancel: _on_cancel,
+        protocol.ResetPrefixCache: _on_reset_prefix_cache,
+        protocol.Record: lambda self, cmd: self._start_recording(cmd.path, cmd.record_text),
+        protocol.StopRecord: lambda self, _cmd: self._stop_recording(),
+    }
 
     def _load(self, model: str, config) -> None:
         from kvscope.engine import Engine
@@ -293,7 +244,7 @@ class EngineHost:
         try:
             engine = Engine.from_pretrained(model, config)
         except Exception as e:  # noqa: BLE001 - every failure is shown, none crashes the app
-            self._send("load_failed", _one_line(e), traceback.format_exc())
+            self._send(protocol.LoadFailed(_one_line(e), traceback.format_exc()))
             return
         self.engine, self.runner = engine, None
         self.sub = StepQueue()
@@ -301,13 +252,13 @@ class EngineHost:
         self.pending, self.table, self.dead_counts = Frame(), RequestTable(), SampledCounts()
         self.watched, self._pieces, self._text_sent = None, None, None
         loaded, runner = engine.loaded, engine.runner
-        self._send("loaded", EngineInfo(
+        self._send(protocol.Loaded(EngineInfo(
             model_name=loaded.name,
             model_config=loaded.hf_config,
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.config.block_size,
-            history_path=self._start_history() if self.keep_history else None))
+            history_path=self._start_history() if self.keep_history else None)))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
@@ -318,10 +269,10 @@ class EngineHost:
                 prompt = chat_prompt_ids(self.engine.tokenizer, prompt)
             rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
-            self._send("rejected", _one_line(e))
+            self._send(protocol.Rejected(_one_line(e)))
             return
         self.table.set_output(self.engine.request_output(rid))
-        self._send("submitted", rid)
+        self._send(protocol.Submitted(rid))
         self._publish(force=True)
 
     def _run_workload(self, workload) -> None:
@@ -332,7 +283,7 @@ class EngineHost:
         try:
             self.runner = WorkloadRunner(self.engine, workload)
         except Exception as e:  # noqa: BLE001
-            self._send("error", _one_line(e), traceback.format_exc())
+            self._send(protocol.Error(_one_line(e), traceback.format_exc()))
             return
         self._set_running(True)
         self.due = 0.0
@@ -367,15 +318,15 @@ class EngineHost:
         if not record_text and self.history is not None:
             # The history holds everything since the model loaded: saved on stop.
             self.save_to = path
-            self._send("recording", path, "recording (since the model loaded, no text)")
+            self._send(protocol.Recording(path, "recording (since the model loaded, no text)"))
             return
         try:
             self.recorder = Recorder(path, self.engine, record_text=record_text,
                                      overwrite=True).start()
         except (OSError, ValueError) as e:
-            self._send("error", f"Cannot record to {path}: {e}", traceback.format_exc())
+            self._send(protocol.Error(f"Cannot record to {path}: {e}", traceback.format_exc()))
             return
-        self._send("recording", path, "recording" + (" (with text)" if record_text else ""))
+        self._send(protocol.Recording(path, "recording" + (" (with text)" if record_text else "")))
 
     def _stop_recording(self, report: bool = True) -> None:
         if self.save_to is not None:
@@ -388,7 +339,7 @@ class EngineHost:
         if status.error:
             note += f" (stopped early: {status.error})"
         if report:
-            self._send("recording", None, note)
+            self._send(protocol.Recording(None, note))
 
     def _save_history(self, report: bool) -> None:
         from kvscope.sessions.save import save_copy
@@ -402,12 +353,12 @@ class EngineHost:
         except (OSError, sqlite3.Error) as e:
             note = f"could not save the session to {path}: {e}"
         if report:
-            self._send("recording", None, note)
+            self._send(protocol.Recording(None, note))
 
     def _set_running(self, running: bool) -> None:
         if running != self.running:
             self.running = running
-            self._send("running", running)
+            self._send(protocol.Running(running))
 
     # ------------------------------------------------------------------- loop
     def _tick(self) -> None:
@@ -416,7 +367,7 @@ class EngineHost:
         if delay is None:
             self._publish(force=True)
             self._set_running(False)
-            self._send("idle")
+            self._send(protocol.Idle())
         else:  # paced: a watchable demo (commands are still answered while it waits)
             self.due = max(time.monotonic() + delay, started + self.step_s)
 
@@ -437,7 +388,7 @@ class EngineHost:
                 return None
         except Exception as e:  # noqa: BLE001
             self._set_running(False)
-            self._send("error", _one_line(e), traceback.format_exc())
+            self._send(protocol.Error(_one_line(e), traceback.format_exc()))
             self._publish(force=True)
             return None
         self._publish()
@@ -450,11 +401,9 @@ class EngineHost:
         updates = self.sub.drain()
         for u in updates:
             for rid, message, detail in u.failures:
-                self._send("request_failed", f"request #{rid} failed: {message}", detail)
+                self._send(protocol.RequestFailed(f"request #{rid} failed: {message}", detail))
             self.table.apply(u)
-            f.records.append(u.record)
-            f.events.extend(u.events)
-            f.explanations.update((why.request_id, why) for why in u.explanations)
+            f.merge(Frame.of_update(u))
         self.dirty = True
         if not (self.ready or force):
             return
@@ -464,9 +413,8 @@ class EngineHost:
         f.dead_counts = self.dead_counts.add(snap.step, len(f.dead))
         f.requests = list(self.table.rows.values())  # pickled as they are now, by _send
         f.text = self._watched_text()
-        self._send("frame", f)
+        self._send(protocol.NewFrame(f))
         self.pending, self.ready, self.dirty = Frame(), False, False
-
 
     def _watched_text(self) -> RequestText | None:
         """The watched request's text, if it changed since it was last sent. Its prompt is cut

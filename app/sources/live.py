@@ -33,8 +33,7 @@ class LiveSource(FrameSource):
     def take_frame(self) -> Frame | None:
         frame = self.client.take_frame()
         if frame is not None:
-            self.latest.merge(Frame(frame.snapshot, frame.evicted, list(frame.records),
-                                    list(frame.events), frame.requests))
+            self.latest.merge(frame)
             del self.latest.events[:-MAX_EVENTS]
         return frame
 

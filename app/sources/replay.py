@@ -6,21 +6,10 @@ from kvscope.app.frames import Frame, RequestRow, evicted_at
 from kvscope.app.sources.base import FrameSource
 from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
+from kvscope.engine.lifecycle import LIFECYCLE_KINDS, RUNNING, Lifecycles
 from kvscope.sessions import SessionError, SessionReader
 
 READ_ONLY = "A recorded session cannot be changed: press Back to live to use the engine"
-# The events that move a request between waiting, running and finished, and where they lead.
-LIFECYCLE = {ev.ARRIVED: "waiting", ev.PREEMPTED: "waiting", ev.ADMITTED: "running",
-             ev.FORKED: "running", ev.FINISHED: "finished", ev.CANCELLED: "finished",
-             ev.REJECTED: "finished"}
-
-
-def _cached_of(admitted_detail: str) -> int:
-    """The cached tokens an ADMITTED event's detail gives ("336 cached, 1108 to compute")."""
-    head = admitted_detail.split(" cached", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
 class ReplaySource(FrameSource):
     """A session file: every step, the requests' states at that step derived from the
     recorded lifecycle events, and the recorded miss explanations."""
@@ -29,9 +18,9 @@ class ReplaySource(FrameSource):
         self.reader = reader
         self.name = reader.path.name
         self.read_only = READ_ONLY
-        # (published step, request, kind, detail): a request added between steps N and N+1 is
-        # stamped N but published, and replayed, with N+1
-        self._lifecycle: list[tuple[int, int, str, str]] = []
+        # (published step, event) of the lifecycle kinds: a request added between steps N and
+        # N+1 is stamped N but published, and replayed, with N+1
+        self._lifecycle: list[tuple[int, ev.Event]] = []
         self._read_to = (reader.first_step or 0) - 1
         self._requests = {}
         self._unsent = True
@@ -56,9 +45,8 @@ class ReplaySource(FrameSource):
         last = self.reader.last_step
         if last is None or last <= self._read_to:
             return
-        self._lifecycle += [(step, e.request_id, e.kind, e.detail) for step, e in
-                            self.reader.events_published(self._read_to + 1, last, LIFECYCLE)
-                            if e.request_id is not None]
+        self._lifecycle += [(step, e) for step, e in self.reader.events_published(
+            self._read_to + 1, last, LIFECYCLE_KINDS) if e.request_id is not None]
         self._requests = {r.request_id: r for r in self.reader.requests()}
         self._read_to = last
 
@@ -87,35 +75,32 @@ class ReplaySource(FrameSource):
 
     def rows_at(self, step: int, snap) -> list[RequestRow]:
         """Each request that had arrived by `step`, in its state at the end of that step."""
-        last: dict[int, tuple[str, str]] = {}
-        admitted: dict[int, int] = {}  # cached tokens at the first admission
-        for s, rid, kind, detail in self._lifecycle:
+        lifecycles = Lifecycles()
+        for s, e in self._lifecycle:
             if s > step:
                 break
-            last[rid] = (kind, detail)
-            if kind == ev.ADMITTED and rid not in admitted:
-                admitted[rid] = _cached_of(detail)
+            lifecycles.apply(e)
         rows = []
-        for rid in sorted(last):
-            kind, detail = last[rid]
+        for rid in sorted(lifecycles.requests):
+            life = lifecycles.requests[rid]
             r = self._requests.get(rid)
             if r is None:
                 continue
-            state, outputs = LIFECYCLE[kind], 0
-            done = state == "finished"
-            if state == "running":
+            state, outputs = life.status, 0
+            if state == RUNNING:
                 computed = snap.num_computed_tokens.get(rid, 0)
                 state = "prefill" if computed < r.prompt_tokens else "decode"
                 outputs = computed - r.prompt_tokens + 1 if state == "decode" else 0
-            elif done:
-                state = f"finished: {detail if kind == ev.FINISHED else kind}"
+            elif life.finished:
+                state = f"finished: {life.reason}"
                 outputs = r.output_tokens or 0
             # A request's row is written when it finishes: before, its admission says.
-            cached = r.cached_tokens if r.cached_tokens is not None else admitted.get(rid, 0)
-            rows.append(RequestRow(
-                rid, state, r.prompt_tokens, cached if kind != ev.ARRIVED else 0,
-                outputs, r.ttft_s if outputs else None, r.tpot_s if done else None,
-                r.salt_digest, r.parent_id, r.output_text or ""))
+            cached = r.cached_tokens if r.cached_tokens is not None else life.cached_tokens
+            rows.append(RequestRow.new(
+                rid, state, r.prompt_tokens, cached_tokens=0 if life.just_arrived else cached,
+                output_tokens=outputs, ttft_s=r.ttft_s if outputs else None,
+                tpot_s=r.tpot_s if life.finished else None, cache_salt=r.salt_digest,
+                parent_id=r.parent_id, text=r.output_text or ""))
         return rows
 
     def explain(self, request_id: int, step: int | None) -> MissExplanation | None:

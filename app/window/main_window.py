@@ -425,8 +425,7 @@ class MainWindow(QMainWindow):
         if self.engine is None:
             self.banner.show_error("No model is loaded yet.")
             return
-        self.worker.submit(prompt, params, salt)
-        self.worker.resume()
+        self.worker.submit(prompt, params, salt, run=True)
 
     def run_or_resume(self) -> None:
         """F5: start the demo workload the first time, resume afterwards; in replay, play."""

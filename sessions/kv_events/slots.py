@@ -242,9 +242,9 @@ class HashSlots:
         hits, queries = int(m.get("hits", 0)), int(m.get("queries", 0))
         self.hits += hits
         self.queries += queries
-        record = StepRecord(step, start_s, wall_s=wall_s, batch_size=0,
-                            num_free_blocks=pool.num_blocks - pool.num_cached,
-                            num_cached_blocks=pool.num_cached, hit_tokens=hits,
+        free, active, cached = pool.counts()
+        record = StepRecord(step, start_s, wall_s=wall_s, batch_size=0, num_free_blocks=free,
+                            num_active_blocks=active, num_cached_blocks=cached, hit_tokens=hits,
                             query_tokens=queries, num_preempted=int(m.get("preemptions", 0)))
         update = StepUpdate(record, events, [], counters=self.counters())
         for callback in list(self._subs):

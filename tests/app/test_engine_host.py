@@ -8,6 +8,7 @@ import threading
 from multiprocessing.connection import Connection
 
 from kvscope.app.frames import EngineInfo, Frame
+from kvscope.app.host import protocol as p
 from kvscope.app.host.server import EngineHost, start
 from kvscope.engine.config import EngineConfig, SamplingParams
 
@@ -22,36 +23,37 @@ def host_in_thread() -> tuple[Connection, threading.Thread]:
     return Connection(ours.detach()), host
 
 
-def receive(conn: Connection, kind: str, timeout: float = 60.0) -> list[tuple]:
+def receive(conn: Connection, kind: type, timeout: float = 60.0) -> list:
     """Messages up to and including the first of this kind."""
     got = []
     while conn.poll(timeout):
         got.append(conn.recv())
-        if got[-1][0] == kind:
+        if isinstance(got[-1], kind):
             return got
-    raise AssertionError(f"no {kind!r} message; got {[m[0] for m in got]}")
+    raise AssertionError(f"no {kind.__name__} message; got {[type(m).__name__ for m in got]}")
 
 
 def test_frames_wait_for_the_window_but_every_step_record_and_event_arrives():
     conn, host = host_in_thread()
-    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
-    loaded = receive(conn, "loaded")[-1][1]
+    conn.send(p.Load("demo", EngineConfig(num_blocks=64)))
+    loaded = receive(conn, p.Loaded)[-1].info
     assert isinstance(loaded, EngineInfo) and loaded.num_blocks == 64
     assert loaded.model_config["architectures"]
-    frames = [m[1] for m in receive(conn, "frame")]  # the state right after loading
-    for p in PROMPTS:
-        conn.send(("submit", p, PARAMS, None))  # a user action: its frame is sent at once
-    frames += [m[1] for m in _receive_n(conn, "frame", len(PROMPTS))]
-    conn.send(("resume",))
-    conn.send(("ready",))  # the window takes one frame and then, in this test, no more
-    until_idle = receive(conn, "idle")
-    sent = [m[1] for m in until_idle if m[0] == "frame"]
+    # the state right after loading
+    frames = [m.frame for m in receive(conn, p.NewFrame) if isinstance(m, p.NewFrame)]
+    for prompt in PROMPTS:
+        conn.send(p.Submit(prompt, PARAMS, None))  # a user action: its frame is sent at once
+    frames += [m.frame for m in _receive_n(conn, p.NewFrame, len(PROMPTS))]
+    conn.send(p.Resume())
+    conn.send(p.Ready())  # the window takes one frame and then, in this test, no more
+    until_idle = receive(conn, p.Idle)
+    sent = [m.frame for m in until_idle if isinstance(m, p.NewFrame)]
     # One frame for the one "ready", then none until the host runs out of work and sends the
     # rest (forced): the steps in between were never turned into frames, but their records
     # and events all arrive.
     assert len(sent) == 2 and sent[0].records and len(sent[1].records) > 1
-    conn.send(("ready",))  # nothing happened since the last frame: no new one
-    assert not [m for m in _drain(conn) if m[0] == "frame"]
+    conn.send(p.Ready())  # nothing happened since the last frame: no new one
+    assert not [m for m in _drain(conn) if isinstance(m, p.NewFrame)]
     frame = Frame()
     for f in frames + sent:
         frame.merge(f)
@@ -63,19 +65,19 @@ def test_frames_wait_for_the_window_but_every_step_record_and_event_arrives():
     assert sorted(frame.explanations) == list(range(len(PROMPTS)))
     finished = [e for e in frame.events if e.kind == "finished"]
     assert sorted(e.request_id for e in finished) == list(range(len(PROMPTS)))
-    conn.send(("close",))
+    conn.send(p.Close())
     host.join(10)
     assert not host.is_alive()
 
 
-def _receive_n(conn: Connection, kind: str, n: int) -> list[tuple]:
+def _receive_n(conn: Connection, kind: type, n: int) -> list:
     got = []
     while len(got) < n:
         got.append(receive(conn, kind)[-1])
     return got
 
 
-def _drain(conn: Connection) -> list[tuple]:
+def _drain(conn: Connection) -> list:
     got = []
     while conn.poll(0.2):
         got.append(conn.recv())
@@ -84,16 +86,16 @@ def _drain(conn: Connection) -> list[tuple]:
 
 def test_a_bad_command_is_reported_and_the_engine_serves_on():
     conn, host = host_in_thread()
-    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
-    receive(conn, "loaded")
-    conn.send(("submit", "hello", "not sampling params", None))
-    assert receive(conn, "rejected")[-1][1].startswith("AttributeError: ")
-    conn.send(("cancel", 12345))  # no such request: a failed command is reported, not fatal
-    assert receive(conn, "error")[-1][1].startswith("KeyError")
-    conn.send(("submit", "hello", PARAMS, None))  # and it goes on serving
-    conn.send(("resume",))
-    assert receive(conn, "idle")
-    conn.send(("close",))
+    conn.send(p.Load("demo", EngineConfig(num_blocks=64)))
+    receive(conn, p.Loaded)
+    conn.send(p.Submit("hello", "not sampling params", None))
+    assert receive(conn, p.Rejected)[-1].message.startswith("AttributeError: ")
+    conn.send(p.Cancel(12345))  # no such request: a failed command is reported, not fatal
+    assert receive(conn, p.Error)[-1].message.startswith("KeyError")
+    conn.send(p.Submit("hello", PARAMS, None))  # and it goes on serving
+    conn.send(p.Resume())
+    assert receive(conn, p.Idle)
+    conn.send(p.Close())
     host.join(10)
 
 
@@ -102,14 +104,14 @@ def test_the_recording_is_finished_when_the_window_process_dies(tmp_path):
 
     proc, conn = start()
     path = tmp_path / "s.kvscope"
-    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
-    receive(conn, "loaded")
-    conn.send(("record", str(path), False))
-    receive(conn, "recording")
-    for p in PROMPTS:
-        conn.send(("submit", p, PARAMS, None))
-    conn.send(("resume",))
-    receive(conn, "idle")
+    conn.send(p.Load("demo", EngineConfig(num_blocks=64)))
+    receive(conn, p.Loaded)
+    conn.send(p.Record(str(path), False))
+    receive(conn, p.Recording)
+    for prompt in PROMPTS:
+        conn.send(p.Submit(prompt, PARAMS, None))
+    conn.send(p.Resume())
+    receive(conn, p.Idle)
     conn.close()  # as if the window's process were killed: no "close" command
     assert proc.wait(30) == 0
     with SessionReader(path) as reader:
@@ -121,26 +123,26 @@ def test_the_engine_keeps_its_history_and_record_saves_it_without_text(tmp_path)
     from kvscope.sessions import SessionReader
 
     conn, host = host_in_thread()
-    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
-    history = receive(conn, "loaded")[-1][1].history_path
-    conn.send(("submit", PROMPTS[0], PARAMS, None))
-    conn.send(("resume",))
-    receive(conn, "idle")
+    conn.send(p.Load("demo", EngineConfig(num_blocks=64)))
+    history = receive(conn, p.Loaded)[-1].info.history_path
+    conn.send(p.Submit(PROMPTS[0], PARAMS, None))
+    conn.send(p.Resume())
+    receive(conn, p.Idle)
     path = tmp_path / "saved.kvscope"
-    conn.send(("record", str(path), False))  # after the first request ran
-    receive(conn, "recording")
-    conn.send(("submit", PROMPTS[1], PARAMS, None))
-    conn.send(("resume",))
-    receive(conn, "idle")
-    conn.send(("stop_record",))
-    note = receive(conn, "recording")[-1]
-    assert note[1] is None and note[2].startswith("recorded ")
+    conn.send(p.Record(str(path), False))  # after the first request ran
+    receive(conn, p.Recording)
+    conn.send(p.Submit(PROMPTS[1], PARAMS, None))
+    conn.send(p.Resume())
+    receive(conn, p.Idle)
+    conn.send(p.StopRecord())
+    note = receive(conn, p.Recording)[-1]
+    assert note.path is None and note.note.startswith("recorded ")
     with SessionReader(history) as live, SessionReader(path) as saved:
         assert saved.meta.complete and not saved.meta.record_text
         assert saved.first_step == 0 and saved.last_step == live.last_step  # the whole history
         assert [r.prompt_text for r in saved.requests()] == [None, None]
         assert saved.snapshot_at(saved.last_step).equals(live.snapshot_at(live.last_step))
-    conn.send(("close",))
+    conn.send(p.Close())
     host.join(10)
     assert not host.is_alive() and not os.path.exists(history)  # removed when it closes
 
@@ -151,23 +153,23 @@ def test_live_frames_count_dead_blocks_over_time():
     import random
 
     conn, host = host_in_thread()
-    conn.send(("load", "demo", EngineConfig(num_blocks=4, block_size=16,
-                                            eviction_policy="fifo")))
-    receive(conn, "loaded")
+    conn.send(p.Load("demo", EngineConfig(num_blocks=4, block_size=16,
+                                          eviction_policy="fifo")))
+    receive(conn, p.Loaded)
     rng = random.Random(0)
     a, b = [rng.randrange(100, 1000) for _ in range(33)], [rng.randrange(100, 1000)
                                                            for _ in range(47)]
     frames = []
     for prompt in (a, b):
-        conn.send(("submit", prompt, SamplingParams(max_tokens=1, ignore_eos=True), None))
-        conn.send(("resume",))
-        conn.send(("ready",))
-        frames += [m[1] for m in receive(conn, "idle") if m[0] == "frame"]
+        conn.send(p.Submit(prompt, SamplingParams(max_tokens=1, ignore_eos=True), None))
+        conn.send(p.Resume())
+        conn.send(p.Ready())
+        frames += [m.frame for m in receive(conn, p.Idle) if isinstance(m, p.NewFrame)]
     last = frames[-1]
     assert last.dead.tolist() == [1]
     steps, counts = last.dead_counts
     assert counts[-1] == 1 and counts[0] == 0 and list(steps) == sorted(set(steps))
-    conn.send(("close",))
+    conn.send(p.Close())
     host.join(10)
 
 
@@ -183,22 +185,22 @@ def test_sampled_counts_keep_their_span_when_thinned():
 
 def test_a_paced_engine_runs_at_most_that_many_steps_a_second():
     conn, host = host_in_thread()
-    conn.send(("load", "demo", EngineConfig(num_blocks=64)))
-    receive(conn, "loaded")
-    conn.send(("pace", 25))  # 40 ms from one step's start to the next's
-    conn.send(("submit", PROMPTS[0], PARAMS, None))
-    conn.send(("resume",))
+    conn.send(p.Load("demo", EngineConfig(num_blocks=64)))
+    receive(conn, p.Loaded)
+    conn.send(p.Pace(25))  # 40 ms from one step's start to the next's
+    conn.send(p.Submit(PROMPTS[0], PARAMS, None))
+    conn.send(p.Resume())
     frame = Frame()
-    for m in receive(conn, "idle"):
-        if m[0] == "frame":
-            frame.merge(m[1])
-        conn.send(("ready",))
+    for m in receive(conn, p.Idle):
+        if isinstance(m, p.NewFrame):
+            frame.merge(m.frame)
+        conn.send(p.Ready())
     for m in _drain(conn):
-        if m[0] == "frame":
-            frame.merge(m[1])
+        if isinstance(m, p.NewFrame):
+            frame.merge(m.frame)
     starts = [r.start_s for r in frame.records]
     assert len(starts) >= PARAMS.max_tokens
     gaps = [b - a for a, b in zip(starts[1:], starts[2:], strict=False)]  # the first: a submit
     assert min(gaps) >= 0.04 * 0.95, gaps
-    conn.send(("close",))
+    conn.send(p.Close())
     host.join(10)
