@@ -99,7 +99,8 @@ def redraw_times(app, frames: int) -> tuple[list[float], list[float], list[bool]
     window.resize(1600, 1000)
     window.show()
     window.timeline.add_records(records(10_000))
-    rows = [RequestRow(r, "decode", 500, 256, 20, 0.05, 0.01, None, None, "")
+    rows = [RequestRow.new(r, "decode", 500, cached_tokens=256, output_tokens=20, ttft_s=0.05,
+                           tpot_s=0.01)
             for r in mgr.seqs]
     window.docks["tree"].raise_()
     app.processEvents()

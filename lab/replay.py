@@ -128,13 +128,12 @@ class WhatIfReplay:
         return mgr.events.drain()
 
     def _record(self, mgr: KVCacheManager, i: int) -> StepRecord:
-        pool, r = mgr.pool, self.trace.requests[i]
+        counts, r = mgr.pool.counts(), self.trace.requests[i]
         cached = self.cached.get(i, 0)
         return StepRecord(
             i, r.arrival_s, prefill_tokens=r.input_length - cached, batch_size=1,
-            num_running=int(i in self.cached), num_cached_blocks=pool.num_cached,
-            num_free_blocks=pool.num_available - pool.num_cached,
-            num_active_blocks=pool.num_blocks - pool.num_available, hit_tokens=cached,
+            num_running=int(i in self.cached), num_cached_blocks=counts.cached,
+            num_free_blocks=counts.free, num_active_blocks=counts.active, hit_tokens=cached,
             query_tokens=r.input_length)
 
     # ------------------------------------------------------------------ any step

@@ -70,8 +70,7 @@ class LabSource(FrameSource):
             r = self.trace.requests[i]
             state = "prefill" if i == step and i in cached else (
                 "finished: length" if i in cached else "finished: rejected")
-            rows.append(RequestRow(i, state, r.input_length, cached.get(i, 0), 0, None,
-                                   None, None, None, ""))
+            rows.append(RequestRow.new(i, state, r.input_length, cached_tokens=cached.get(i, 0)))
         return rows
 
     def explain(self, request_id: int, step: int | None) -> MissExplanation | None:
