@@ -162,7 +162,7 @@ def test_dead_cache_is_outlined_in_the_pool(window, tmp_path, policy, dead):
                                   rendered(w, w.snapshot, w.pool._evicted))
     w.replay_bar.set_step(0)
     assert len(w.pool.dead) == 0
-    w.set_source(w.live)  # nothing of the lab stays drawn
+    w.open_source(w.live)  # nothing of the lab stays drawn
     xs = w.timeline.dead_curve.getData()[0]
     assert (xs is None or len(xs) == 0) and len(w.pool.dead) == 0
 
