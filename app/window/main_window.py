@@ -99,7 +99,7 @@ class MainWindow(QMainWindow):
             run.load_model, run.reload, run.submit, run.pause)
         self.start_recording, self.toggle_recording, self.export = (
             files.start_recording, files.toggle_recording, files.export)
-        self.follow = self.frame_pump.follow
+        self.follow, self.reset_layout = self.frame_pump.follow, self.docking.reset
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.recording_label = QLabel()  # says "● recording <file>" while recording
@@ -282,9 +282,6 @@ class MainWindow(QMainWindow):
         self.docks["events"].show()
         self.docks["events"].raise_()
         self.events.search.setFocus()
-
-    def reset_layout(self) -> None:
-        self.docking.reset()
 
     # ------------------------------------------------------------------ Qt
     def event(self, event) -> bool:

@@ -119,7 +119,7 @@ def build_menus(w) -> None:
         w.view_menu.addAction(action)
     w.view_menu.addSeparator()
     w.view_menu.addAction(w.timeline.act_wall_clock)
-    w.act_reset_layout = w.view_menu.addAction("Reset layout", w.reset_layout)
+    w.act_reset_layout = w.view_menu.addAction("Reset layout", w.docking.reset)
 
 
 class EngineSettings:
