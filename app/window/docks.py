@@ -34,7 +34,7 @@ class PanelRow:
     name: str  # the window's attribute; its dock is "dock_<name>" (the name saved layouts keep)
     title: str  # the dock's title, and its entry in the View menu
     make: Callable[[Selection], QWidget]  # the panel (a Panel), given the window's selection
-    area: Qt.DockWidgetArea | None  # where it docks by default (None: the central view)
+    area: Qt.DockWidgetArea | None  # where it docks by default (None: the central view, the pool)
     tab_group: str | None = None  # the docks of a group are tabbed together, the first on top
     min_size: tuple[int, int] | None = None  # the smallest it is readable at (a restored
     #                                          layout never squeezes it more)
@@ -73,6 +73,8 @@ class Docks:
     def __init__(self, window: QMainWindow, selection: Selection):
         self.window = window
         self.rows = {row.name: row for row in PANELS}
+        if len(self.rows) != len(PANELS):
+            raise ValueError("two rows of PANELS have one name")
         self.panels: dict[str, Panel] = {name: row.make(selection)
                                          for name, row in self.rows.items()}
         self.docks: dict[str, QDockWidget] = {}
