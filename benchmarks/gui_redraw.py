@@ -38,7 +38,8 @@ from kvscope.app.host import protocol  # noqa: E402
 from kvscope.app.host import server as engine_host  # noqa: E402
 from kvscope.app.host.server import engine_threads  # noqa: E402
 from kvscope.app.prefix_tree import build_tree, walk  # noqa: E402
-from kvscope.app.window.main_window import FRAME_MS, TREE_HZ, MainWindow  # noqa: E402
+from kvscope.app.window.frame_pump import FRAME_MS, TREE_HZ  # noqa: E402
+from kvscope.app.window.main_window import MainWindow  # noqa: E402
 from kvscope.engine import EngineConfig, KVCacheManager, SamplingParams  # noqa: E402
 from kvscope.engine.metrics import StepRecord  # noqa: E402
 
@@ -110,17 +111,17 @@ def redraw_times(app, frames: int) -> tuple[list[float], list[float], list[bool]
         frame = Frame(snapshot=snap, evicted=np.zeros(0, dtype=np.int64),
                       records=records(1, 10_000 + i), events=mgr.events.drain()[:5],
                       requests=rows)
-        window.worker._frame = frame  # what the worker would have published
+        window.engine_client._frame = frame  # what the engine process would have sent
         now = i * FRAME_MS / 1000  # simulated time of this frame
         if now >= tree_due:  # the window's own throttle, on the simulated clock
             tree_due = now + 1 / TREE_HZ
-            window._tree_due = 0.0
-        elif window._tree_due != 0.0:  # (a rebuild not started yet stays due)
-            window._tree_due = float("inf")
+            window.frame_pump.tree_due = 0.0
+        elif window.frame_pump.tree_due != 0.0:  # (a rebuild not started yet stays due)
+            window.frame_pump.tree_due = float("inf")
         busy = window.tree.pending
         app.processEvents()  # nothing pending before the clock starts
         t0 = time.perf_counter()
-        window.pull_frame()
+        window.frame_pump.pull()
         t1 = time.perf_counter()
         app.processEvents()  # the window paints what the frame changed, as in the app
         t2 = time.perf_counter()
@@ -191,7 +192,7 @@ def gui_run(app) -> tuple[float, float]:
     for p in WARMUP[0]:
         window.submit(p, WARMUP[1], None)
     run_until(lambda: all_done(len(WARMUP[0])))
-    records, take = [], window.worker.take_frame
+    records, take = [], window.engine_client.take_frame
 
     def take_and_keep():
         frame = take()
@@ -199,11 +200,11 @@ def gui_run(app) -> tuple[float, float]:
             records.extend(frame.records)
         return frame
 
-    window.worker.take_frame = take_and_keep
+    window.engine_client.take_frame = take_and_keep
     t0 = time.perf_counter()
     for p in PROMPTS:  # all queued before the engine runs, as generate() does headless
-        window.worker.submit(p, PARAMS, None)
-    window.worker.resume()
+        window.engine_client.submit(p, PARAMS, None)
+    window.engine_client.resume()
     run_until(lambda: all_done(len(WARMUP[0]) + len(PROMPTS)))
     elapsed = time.perf_counter() - t0
     tokens = sum(r.output_tokens for r in rows()[len(WARMUP[0]):])

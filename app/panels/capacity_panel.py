@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app import palette
+from kvscope.app import palette, panels
 from kvscope.app.panels.plot_grid import Grid
 from kvscope.lab import capacity as cap
 from kvscope.lab.capacity import GIB, InvalidConfigError, KVShape
@@ -99,7 +99,7 @@ class _Body(QWidget):
         return height
 
 
-class CapacityPanel(QWidget):
+class CapacityPanel(QWidget, panels.FrameIndependent):
     error_occurred = Signal(str)  # one line, also shown in the panel
 
     def __init__(self, parent=None):

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app.frames import Frame
 from kvscope.engine.config import SamplingParams
 
 
@@ -125,6 +126,13 @@ class Composer(QWidget):
             self.prompt.setPlainText(self._sent[-1]["content"])  # nothing typed is lost
             self._sent = None
             self._show_transcript()
+
+    def show_frame(self, frame: Frame) -> None:
+        if frame.requests is not None:
+            self.show_requests(frame.requests)  # a chat turn's answer
+
+    def clear(self) -> None:
+        """The conversation is the user's: it stays whichever source is shown."""
 
     def show_requests(self, rows) -> None:
         """Take the waiting turn's answer from the request rows once it has finished."""

@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
+from kvscope.app.panels import FrameIndependent
 from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.workers.device_monitor import DeviceMonitor, DeviceSample, History
 
@@ -33,7 +34,7 @@ def _gib(n: float) -> str:
     return f"{n / GIB:,.2f} GiB"
 
 
-class DevicePanel(QWidget):
+class DevicePanel(QWidget, FrameIndependent):
     def __init__(self, monitor: DeviceMonitor | None = None, interval_ms: int = 500,
                  history_s: float = 600.0, autostart: bool = True, parent=None):
         super().__init__(parent)

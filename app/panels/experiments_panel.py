@@ -28,12 +28,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app.panels import FrameIndependent
 from kvscope.app.plots.experiment import draw_result
 from kvscope.lab.experiments import EXPERIMENTS, Result
 from kvscope.lab.experiments.result import cell
 
 
-class ExperimentsPanel(QWidget):
+class ExperimentsPanel(QWidget, FrameIndependent):
     finished = Signal(object)  # a Result, once a run completes
 
     def __init__(self, parent=None):

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app.panels import FrameIndependent
 from kvscope.app.plots.lab import draw_curves
 from kvscope.app.workers.lab import LabJob, LabRun
 from kvscope.engine import policies
@@ -38,7 +39,7 @@ POLL_MS = 100
 COLUMNS = ("policy", "pool blocks", "mode", "token hit", "request hit", "evicted")
 
 
-class LabPanel(QWidget):
+class LabPanel(QWidget, FrameIndependent):
     # trace path, pool blocks, block size, policy, first N requests: show the what-if replay
     open_requested = Signal(str, int, int, str, int)
 

@@ -153,8 +153,8 @@ class PrefixTreePanel(QWidget):
 
     # ----------------------------------------------------------------- render
     def show_frame(self, frame: Frame) -> None:
-        """Note the frame's snapshot: the tree is rebuilt by `prepare`/`advance` (the window
-        paces them) or at once by `flush`."""
+        """Note the frame's snapshot: the tree is rebuilt by `start_rebuild`/`advance` (the
+        window paces them) or at once by `flush`."""
         self.identities.learn(frame)
         if frame.snapshot is not None:
             self.latest, self.stale = frame.snapshot, True
@@ -167,9 +167,18 @@ class PrefixTreePanel(QWidget):
 
     def flush(self) -> None:
         """Show the newest snapshot's tree now."""
-        if self.stale and self.latest is not None:
-            self.stale = False
-            self.set_snapshot(self.latest)
+        if self.start_rebuild():
+            while self.pending:
+                self.advance()
+
+    def start_rebuild(self) -> bool:
+        """Start rebuilding the tree of the newest snapshot shown, if one came since the last
+        rebuild began (True: started; `advance` runs its other slices)."""
+        if not self.stale or self.latest is None:
+            return False
+        self.prepare(self.latest)
+        self.stale = False
+        return True
 
     def clear(self) -> None:
         self.latest, self.stale, self._rebuild = None, False, None

@@ -41,6 +41,17 @@ class FrameSource:
         """The state at the end of `step` (raises SessionError if it cannot be shown)."""
         raise SessionError("this source keeps no history")
 
+    def frame_for(self, step: int | None) -> tuple[int | None, Frame | None]:
+        """Where the time cursor at `step` (None: the newest step) lands, and the frame to show
+        there (None: nothing to show). Looking back at a live source's newest step or past it
+        ends the looking back: the cursor follows the newest step again (None) and the newest
+        state is shown. Raises SessionError if the step cannot be shown."""
+        if self.live:
+            steps = self.step_range()
+            if step is None or steps is None or step >= steps[1]:
+                return None, self.newest()
+        return step, None if step is None else self.frame_at(step)
+
     def newest(self) -> Frame:
         """The newest state, nothing new (to show after looking back)."""
         return Frame()

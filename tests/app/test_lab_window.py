@@ -166,7 +166,7 @@ def test_dead_cache_is_outlined_in_the_pool(window, qtbot, tmp_path, policy, dea
                                   rendered(w, w.snapshot, w.pool._evicted))
     w.replay_bar.set_step(0)
     assert len(w.pool.dead) == 0
-    w.set_source(w.live)  # nothing of the lab stays drawn
+    w.open_source(w.live)  # nothing of the lab stays drawn
     xs = w.timeline.dead_curve.getData()[0]
     assert (xs is None or len(xs) == 0) and len(w.pool.dead) == 0
 
@@ -222,8 +222,8 @@ def test_opening_a_big_replay_never_freezes_the_window_and_steps_are_quick(windo
     stalls more than 200 ms; the frames are those of the synchronous LabSource."""
     w, n = window, 300
     shown = []  # when the window began to show the source
-    set_source = w.set_source
-    w.set_source = lambda source: (shown.append(probe.clock.elapsed()), set_source(source))[1]
+    open_source = w.open_source
+    w.open_source = lambda source: (shown.append(probe.clock.elapsed()), open_source(source))[1]
     probe = GapProbe()
     start = time.perf_counter()
     assert w.open_lab_replay(str(BIG), 4000, 16, "lru", n)

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QToolBar
 from window_testutil import bare_window, open_window, step
 
 from kvscope.app.frames import RequestRow
-from kvscope.app.window.main_window import MIN_SIZES
+from kvscope.app.window.docks import PANELS
 from kvscope.engine.config import SamplingParams
 
 
@@ -58,7 +58,7 @@ def test_selecting_a_request_with_a_long_block_table_keeps_the_window_width(qtbo
     w.resize(1280, 720)
     w.resizeDocks([w.docks["requests"]], [300], Qt.Horizontal)  # narrower than the title
     qtbot.waitUntil(lambda: w.width() == 1280 and w.docks["requests"].width() <= 310)
-    w.worker.submit("a long prompt about blocks " * 120, SamplingParams(max_tokens=4), None)
+    w.engine_client.submit("a long prompt about blocks " * 120, SamplingParams(max_tokens=4), None)
     step(w, qtbot, 1)
     table = w.snapshot.block_tables[0]
     assert len(table) > 30
@@ -100,7 +100,7 @@ def test_a_squeezed_layout_is_never_restored_below_the_docks_minimums(qtbot, tmp
     for name in ("timeline", "requests", "tree"):
         dock = big.docks[name]
         if dock.isVisible() and not dock.visibleRegion().isEmpty():
-            w, h = MIN_SIZES[name]
+            w, h = next(row.min_size for row in PANELS if row.name == name)
             assert dock.widget().width() >= w and dock.widget().height() >= h, name
     big.close()
 

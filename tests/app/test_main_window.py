@@ -20,7 +20,7 @@ GREEDY = SamplingParams(max_tokens=24)
 
 def submit_shared(window, qtbot, n=3):
     for i in range(n):
-        window.worker.submit(SYSTEM + f"Question {i}: what is a tuple?", GREEDY, None)
+        window.engine_client.submit(SYSTEM + f"Question {i}: what is a tuple?", GREEDY, None)
     step(window, qtbot, 2)
 
 
@@ -61,13 +61,13 @@ def test_selecting_a_request_highlights_exactly_its_blocks(window, qtbot):
 
 
 def test_a_cancelled_request_gives_its_blocks_back(window, qtbot):
-    window.worker.submit(SYSTEM + "Tell me about lists.", SamplingParams(max_tokens=200),
+    window.engine_client.submit(SYSTEM + "Tell me about lists.", SamplingParams(max_tokens=200),
                                  None)
     step(window, qtbot, 3)
     rid = 0
     blocks = window.snapshot.block_tables[rid].tolist()
     assert blocks
-    window.worker.cancel(rid)
+    window.engine_client.cancel(rid)
     qtbot.waitUntil(lambda: any(r.request_id == rid and r.state == "finished: cancelled"
                                 for r in window.requests.model.rows), timeout=5000)
     step(window, qtbot)  # the cancellation is reported and drawn
@@ -109,7 +109,7 @@ def test_a_killed_engine_process_is_reported_and_a_new_one_can_be_loaded(window,
     import os
     import signal
 
-    os.kill(window.worker.pid, signal.SIGKILL)
+    os.kill(window.engine_client.pid, signal.SIGKILL)
     qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=10_000)
     assert "engine process stopped unexpectedly (killed by SIGKILL)" in window.banner.label.text()
     assert window.engine is None
@@ -131,9 +131,9 @@ def test_loading_another_model_finishes_the_recording_and_says_so(window, qtbot,
     window.submit("Hello there", GREEDY, None)
     qtbot.waitUntil(lambda: any(r.state.startswith("finished") for r in
                                 window.requests.model.rows), timeout=20_000)
-    old_pid = window.worker.pid
+    old_pid = window.engine_client.pid
     window.load_model("demo")  # a new engine process; the old one closes its file
-    qtbot.waitUntil(lambda: window.worker.pid != old_pid and window.recording_path is None,
+    qtbot.waitUntil(lambda: window.engine_client.pid != old_pid and window.recording_path is None,
                     timeout=30_000)
     assert window.last_session == str(path)
     with SessionReader(path) as reader:
@@ -141,14 +141,14 @@ def test_loading_another_model_finishes_the_recording_and_says_so(window, qtbot,
 
 
 def test_cancelling_a_load_stops_it_and_keeps_the_model_that_runs(window, qtbot):
-    old, old_pid = window.engine, window.worker.pid
+    old, old_pid = window.engine, window.engine_client.pid
     window.load_model("demo")
-    assert window.worker.loading
+    assert window.engine_client.loading
     from PySide6.QtWidgets import QPushButton
 
     window.progress.findChild(QPushButton).click()  # the dialog's Cancel button
-    assert not window.worker.loading
-    assert window.engine is old and window.worker.pid == old_pid
+    assert not window.engine_client.loading
+    assert window.engine is old and window.engine_client.pid == old_pid
     qtbot.wait(500)  # a killed load must not report anything late
     assert window.engine is old and not window.banner.isVisible()
     window.submit("Hello there", GREEDY, None)

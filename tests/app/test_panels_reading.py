@@ -12,7 +12,8 @@ from window_testutil import LOAD_TIMEOUT_MS
 from kvscope.app.frames import RequestRow
 from kvscope.app.panels.details import DetailsPanel
 from kvscope.app.panels.requests_panel import RequestsPanel
-from kvscope.app.window.main_window import LOAD_DIALOG_MS, MainWindow
+from kvscope.app.window.engine_controls import LOAD_DIALOG_MS
+from kvscope.app.window.main_window import MainWindow
 
 
 def row(i: int, state: str = "decode") -> RequestRow:

@@ -325,12 +325,12 @@ def test_the_windows_tree_is_rebuilt_a_slice_a_frame_and_catches_up_after_the_la
     window.show_frame(Frame(snapshot=mgr.snapshot()))  # the second slice
     window.show_frame(Frame(snapshot=mgr.snapshot()))  # the last: the first snapshot's tree
     assert not window.tree.pending and window.tree.snapshot is not window.snapshot
-    window._tree_due = 0.0  # 1 / TREE_HZ later, no frame comes: the tree catches up
+    window.frame_pump.tree_due = 0.0  # 1 / TREE_HZ later, no frame comes: the tree catches up
     for _ in range(3):
-        window._update_tree()
+        window.frame_pump.update_tree()
     assert window.tree.snapshot is window.snapshot
     assert len(window.tree.flat) == len(list(walk(build_tree(window.snapshot))))
-    window._update_tree()
+    window.frame_pump.update_tree()
     assert not window.tree.pending  # nothing new: nothing rebuilt
 
 

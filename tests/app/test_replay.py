@@ -35,7 +35,7 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
     window.start_recording(str(path))
     qtbot.waitUntil(lambda: window.recording_path == str(path), timeout=5000)
     for i in range(3):
-        window.worker.submit(SYSTEM + f"Question {i}?", SamplingParams(max_tokens=12),
+        window.engine_client.submit(SYSTEM + f"Question {i}?", SamplingParams(max_tokens=12),
                                      None)
     live = {}
     for _ in range(8):
@@ -71,7 +71,7 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
 
     out = tmp_path / "trace.json"
     window.range_export.ask_path = lambda title, suggested, filters: (str(out), filters[0])
-    assert window.export_dialog() == [out]
+    assert window.files.export_dialog() == [out]
     trace = json.loads(out.read_text())
     assert trace["traceEvents"]
     window.leave_replay()
@@ -89,9 +89,9 @@ def test_jump_to_the_next_eviction(window, qtbot, tmp_path):
     window.start_recording(str(path))
     qtbot.waitUntil(lambda: window.recording_path == str(path), timeout=5000)
     for i in range(8):  # 8 x ~5 blocks through a 24-block pool: later ones evict cached blocks
-        window.worker.submit(f"Note {i}: " + "lists and tuples " * 20,
+        window.engine_client.submit(f"Note {i}: " + "lists and tuples " * 20,
                                      SamplingParams(max_tokens=8), None)
-    window.worker.resume()
+    window.engine_client.resume()
     qtbot.waitUntil(lambda: len(window.requests.model.rows) == 8 and all(
         r.state.startswith("finished") for r in window.requests.model.rows), timeout=30_000)
     window.toggle_recording()

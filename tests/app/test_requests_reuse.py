@@ -76,8 +76,8 @@ def test_each_row_has_a_reused_computed_bar(qtbot):
 
 def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window, qtbot):
     requests = window.requests
-    window.worker.submit(SHARED + "First question?", SamplingParams(max_tokens=2, ignore_eos=True),
-                         None)
+    window.engine_client.submit(SHARED + "First question?",
+                                SamplingParams(max_tokens=2, ignore_eos=True), None)
     step(window, qtbot, 2)  # finished: its full blocks are cached
     click(requests, qtbot, 0)
     title = requests.block_table_title
@@ -87,7 +87,7 @@ def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window,
     assert f"{full} of {n_blocks} blocks still in the pool ({full} cached" in title.text()
     assert "0 evicted" in title.text()
 
-    window.worker.submit(SHARED + "And what about sets?", SamplingParams(max_tokens=8), None)
+    window.engine_client.submit(SHARED + "And what about sets?", SamplingParams(max_tokens=8), None)
     step(window, qtbot)  # the second request holds the shared blocks again
     hit = requests.model.rows[1].cached_tokens // 16
     assert hit >= 1
@@ -95,7 +95,7 @@ def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window,
     qtbot.waitUntil(lambda: f"{hit} in use by others" in title.text())
     assert f"{full} of {n_blocks} blocks still in the pool" in title.text()
 
-    window.worker.reset_prefix_cache()  # the cached ones lose their hashes: evicted
+    window.engine_client.reset_prefix_cache()  # the cached ones lose their hashes: evicted
     qtbot.waitUntil(lambda: f"{full - hit} evicted" in title.text(), timeout=5000)
     assert f"{hit} of {n_blocks} blocks still in the pool" in title.text()
     assert requests.block_table.toPlainText().count("→") == n_blocks

@@ -76,9 +76,9 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     window.resize(1280, 720)  # selecting and streaming never make the window bigger
     qtbot.waitUntil(lambda: window.height() == 720)
-    window.worker.submit(FIRST, SamplingParams(max_tokens=2, ignore_eos=True), None)
+    window.engine_client.submit(FIRST, SamplingParams(max_tokens=2, ignore_eos=True), None)
     step(window, qtbot, 2)  # prefill and one decode: finished
-    window.worker.submit(SECOND, params, None)
+    window.engine_client.submit(SECOND, params, None)
     step(window, qtbot, 2)  # the second prompt hit the first's blocks, and sampled
     window.docks["text"].raise_()
     click_row(window, qtbot, 1)

@@ -182,7 +182,7 @@ def test_back_to_live_after_replay_loads_a_model_and_f5_runs_the_demo(replay, qt
     replay.activateWindow()
     qtbot.keyClick(replay, Qt.Key_F5)
     qtbot.waitUntil(lambda: len(replay.requests.model.rows) >= 2, timeout=60_000)
-    replay.worker.pause()
+    replay.engine_client.pause()
 
 
 def test_live_pause_click_an_early_event_then_follow_live(qtbot, tmp_path):
@@ -192,14 +192,14 @@ def test_live_pause_click_an_early_event_then_follow_live(qtbot, tmp_path):
         w.reload()
         qtbot.waitUntil(lambda: w.engine is not None and w.engine.num_blocks == 24,
                         timeout=LOAD_TIMEOUT_MS)
-        w.worker.submit(PLAN[0][0], PARAMS, None)
+        w.engine_client.submit(PLAN[0][0], PARAMS, None)
         live = {}  # step -> the pool the live view drew
         for _ in range(3):
             step(w, qtbot)
             live[w.snapshot.step] = w.pool.codes.copy()
         for prompt in PLAN[3] + PLAN[14]:
-            w.worker.submit(prompt, PARAMS, None)
-        w.worker.resume()
+            w.engine_client.submit(prompt, PARAMS, None)
+        w.engine_client.resume()
         qtbot.waitUntil(lambda: len(w.requests.model.rows) == 9 and all(
             r.state.startswith("finished") for r in w.requests.model.rows), timeout=120_000)
         newest = w.snapshot.step

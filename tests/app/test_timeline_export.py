@@ -135,7 +135,7 @@ def test_live_a_range_exports_from_the_engines_history(qtbot, tmp_path):
     try:
         t = w.timeline
         for i in range(3):
-            w.worker.submit(f"Live question {i} on sets? " * 3, PARAMS, None)
+            w.engine_client.submit(f"Live question {i} on sets? " * 3, PARAMS, None)
         step(w, qtbot, 12)
         with SessionReader(w.engine.history_path) as history:  # the engine process writes it
             # (none at first: the recorder commits about every 0.25 s)

@@ -62,7 +62,7 @@ def step(window, qtbot, n: int = 1) -> None:
     """Run n engine steps in the engine process and wait until the GUI has pulled the last frame."""
     target = window.engine.num_steps + n
     for _ in range(n):
-        window.worker.step_once()
+        window.engine_client.step_once()
     qtbot.waitUntil(lambda: window.engine.num_steps >= target, timeout=20_000)
     # Wait for the frame that carries the last step's record (a frame published before the
     # first step also says step 0).

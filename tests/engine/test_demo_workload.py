@@ -13,7 +13,7 @@ from kvscope.lab.workload import load_workload
 from kvscope.lab.workload_run import WorkloadRunner
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "workloads" / "demo.jsonl"
-PACE_S = 1 / 8  # app/window/main_window.py DEMO_PACE
+PACE_S = 1 / 8  # app/window/engine_controls.py DEMO_PACE
 
 
 class PacedClock:

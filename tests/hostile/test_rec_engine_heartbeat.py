@@ -22,7 +22,7 @@ def test_a_stopped_engine_is_reported_and_closing_kills_it(qtbot, tmp_path):
     w.show()
     w.load_model("demo")
     qtbot.waitUntil(lambda: w.engine is not None, timeout=60_000)
-    proc = w.worker._current.proc
+    proc = w.engine_client._current.proc
     try:
         qtbot.wait(1500)
         assert not w.banner.isVisible()  # an idle engine answers its pings
