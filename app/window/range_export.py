@@ -53,22 +53,12 @@ class RangeExporter:
         if out.suffix.lower() not in {x.range_suffix for x in rows}:
             x = next((x for x in rows if x.range_filter == chosen), rows[0])
             out = out.with_name(out.name + x.range_suffix)
-        try:  # the path as chosen too: the session itself, given a suffix, is still refused
-            check_output(session, path)
-            check_output(session, out)  # before asking whether to replace it
-        except ValueError as e:
-            self.error(f"Export refused: {e}")
+        # the path as chosen too: the session itself, given a suffix, is still refused
+        steps = self._write(session, [Path(path), out], out,
+                            lambda: export_range(session, out, first, last, overwrite=True))
+        if steps is None:
             return None
-        if out.exists() and not self.confirm_overwrite(out):
-            return None
-        QApplication.setOverrideCursor(Qt.WaitCursor)
-        try:
-            lo, hi = export_range(session, out, first, last, overwrite=True)
-        except (ValueError, SessionError, OSError) as e:
-            self.error(f"Export failed: {e}")
-            return None
-        finally:
-            QApplication.restoreOverrideCursor()
+        lo, hi = steps
         later = (f"; steps {hi + 1}–{last} were not saved yet, export again in a moment"
                  if hi < last else "")
         self.note(f"wrote steps {lo}–{hi} ({hi - lo + 1}) to {out}{later}")
@@ -90,24 +80,33 @@ class RangeExporter:
         out = Path(path)
         if x.suffix and out.suffix.lower() != x.suffix:
             out = out.with_name(out.name + x.suffix)
+        written = self._write(session, x.outputs(out), out if x.suffix else None,
+                              lambda: export_session(session, x, out))
+        if written is None:
+            return []
+        self.note("wrote " + ", ".join(map(str, written)))
+        return written
+
+    def _write(self, session: str, outputs: list[Path], replaces: Path | None, write):
+        """`write()` once every output is checked (never the session) and, if `replaces`
+        exists, the user agreed to replace it; what it returns (None: refused, declined or
+        failed, and said so)."""
         try:
-            for p in x.outputs(out):
+            for p in outputs:
                 check_output(session, p)
         except ValueError as e:
             self.error(f"Export refused: {e}")
-            return []
-        if x.suffix and out.exists() and not self.confirm_overwrite(out):
-            return []
+            return None
+        if replaces is not None and replaces.exists() and not self.confirm_overwrite(replaces):
+            return None
         QApplication.setOverrideCursor(Qt.WaitCursor)
         try:
-            written = export_session(session, x, out)
+            return write()
         except (ValueError, SessionError, OSError) as e:
             self.error(f"Export failed: {e}")
-            return []
+            return None
         finally:
             QApplication.restoreOverrideCursor()
-        self.note("wrote " + ", ".join(map(str, written)))
-        return written
 
 
 def _folder(session: str) -> Path:
