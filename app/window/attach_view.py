@@ -185,8 +185,9 @@ class AttachOverlay:
         if frame.records:
             self._add(frame)
         source = self.w.source
-        if source.health() is not None:
-            self.health.show_health(*source.health())
+        health = source.health()
+        if health is not None:
+            self.health.show_health(*health)
 
     def _add(self, frame: Frame) -> None:
         steps = [r.step for r in frame.records]

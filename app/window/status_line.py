@@ -22,8 +22,9 @@ class StatusLine(QLabel):
         usage = (f"{snap.num_active_blocks}/{snap.num_blocks} used · {snap.num_cached_blocks} "
                  f"cached · {snap.num_free_blocks} free · step {snap.step} · hit "
                  f"{snap.token_hit_rate:.0%}")
-        if source.status_text(snap) is not None:  # an attached server
-            self.setText(source.status_text(snap))
+        own = source.status_text(snap)
+        if own is not None:  # an attached server
+            self.setText(own)
             return
         if not source.live:
             self.setText(f"replay · {source.name} · {source.settings()['model']} · {usage}")
