@@ -267,12 +267,12 @@ def check_output(session_path: str | os.PathLike, out_path: str | os.PathLike) -
 
 def export_chrome_trace(session, out_path: str | os.PathLike) -> Path:
     """`kvscope export SESSION --chrome-trace OUT.json`."""
-    return export_session(session, EXPORTERS[0], out_path)[0]
+    return export_session(session, CHROME_TRACE, out_path)[0]
 
 
 def export_csv(session, out_dir: str | os.PathLike) -> list[Path]:
     """`kvscope export SESSION --csv DIR`: DIR/requests.csv and DIR/steps.csv."""
-    return export_session(session, EXPORTERS[1], out_dir)
+    return export_session(session, CSV, out_dir)
 
 
 def _trace_whole(reader: SessionReader, out: Path) -> list[Path]:
@@ -340,15 +340,14 @@ class Exporter:
         return [Path(out), *(Path(out) / name for name in self.files)]
 
 
-EXPORTERS: list[Exporter] = [
-    Exporter("chrome-trace", "OUT.json", "Chrome trace for ui.perfetto.dev", ".json",
-             _trace_whole, note="(open it in https://ui.perfetto.dev)",
-             range_title="Chrome trace for ui.perfetto.dev", range_suffix=".json",
-             write_range=lambda reader, out, lo, hi: _write_trace(out,
-                                                                  chrome_trace(reader, lo, hi))),
-    Exporter("csv", "DIR", "CSV files", "", _csv_whole, files=("requests.csv", "steps.csv"),
-             range_title="One row per step", range_suffix=".csv", write_range=_csv_range),
-]
+CHROME_TRACE = Exporter(
+    "chrome-trace", "OUT.json", "Chrome trace for ui.perfetto.dev", ".json", _trace_whole,
+    note="(open it in https://ui.perfetto.dev)", range_title="Chrome trace for ui.perfetto.dev",
+    range_suffix=".json",
+    write_range=lambda reader, out, lo, hi: _write_trace(out, chrome_trace(reader, lo, hi)))
+CSV = Exporter("csv", "DIR", "CSV files", "", _csv_whole, files=("requests.csv", "steps.csv"),
+               range_title="One row per step", range_suffix=".csv", write_range=_csv_range)
+EXPORTERS: list[Exporter] = [CHROME_TRACE, CSV]
 
 
 def range_exporters() -> list[Exporter]:
