@@ -94,7 +94,13 @@ def resolve_workload(name: str) -> Path:
 
 # ---------------------------------------------------------------------------------- engine
 def load_engine(args: argparse.Namespace):
-    """Build the engine the options describe; user errors become CliError."""
+    """Build the engine the options describe; user errors become CliError. Ctrl+C while it loads
+    raises KeyboardInterrupt, also when a library swallowed the first one."""
+    with _interrupt_kept():
+        return _load_engine(args)
+
+
+def _load_engine(args: argparse.Namespace):
     import torch
 
     from kvscope.engine import Engine, EngineConfig
@@ -173,6 +179,23 @@ def _signals(names: tuple[str, ...], handler):
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _interrupt_kept():
+    """Ctrl+C raises KeyboardInterrupt as usual and is also noted: one raised where Python drops
+    it (inside a __del__, a weakref or GC callback: printed as "Exception ignored", seen under
+    load while torch imports) is raised again when the block ends, instead of the run going on."""
+    got: list[int] = []
+
+    def interrupt(signum, frame):
+        got.append(signum)
+        _raise_interrupt(signum, frame)
+
+    with _signals(("SIGINT",), interrupt):
+        yield
+    if got:
+        raise KeyboardInterrupt(signal.Signals(got[0]).name)
 
 
 def term_interrupts():
