@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> None:
     if setup:
         runpy.run_path(setup[0])
     EngineHost(Connection(int(fd))).serve()
+    # Served and cleaned up (recordings finished, the history removed): exit now. Python's own
+    # finalisation (torch's modules, the collector) took 0.5-1.5 s more, which the window waits
+    # for when it closes or loads another model.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _WindowGone(Exception):
