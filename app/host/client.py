@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from kvscope.app.frames import EngineInfo, Frame
 from kvscope.app.host import protocol as p
-from kvscope.app.host import server as engine_host
+from kvscope.app.host import zygote
 
 CLOSE_TIMEOUT_S = 10.0  # a recording being finalised may take a moment
 HEARTBEAT_MS = 500  # the loaded engine is pinged this often (one ping outstanding at most)
@@ -29,10 +29,10 @@ NOT_RESPONDING = (f"Engine not responding: no answer for over {NOT_RESPONDING_S:
 
 
 class _Process:
-    """One engine process (see engine_host.start), its socket and the thread that reads it."""
+    """One engine process (forked by zygote.start), its socket and the thread that reads it."""
 
     def __init__(self, deliver, setup: str | None):
-        self.proc, self.conn = engine_host.start(setup)
+        self.proc, self.conn = zygote.start(setup)
         self.last_heard = time.monotonic()  # GUI thread: when its last message arrived
         self.pinged = False  # a ping is waiting for its answer
         self._send_lock = threading.Lock()
@@ -109,7 +109,7 @@ class EngineClient(QObject):
     _message = Signal(object, object)  # (process, message), from the reader threads
 
     def __init__(self, setup: str | None = None, parent=None):
-        """setup: a Python file each engine process runs before it serves (engine_host.main)."""
+        """setup: a Python file each engine process runs before it serves (server.main)."""
         super().__init__(parent)
         self.setup = setup
         self.info: EngineInfo | None = None  # the loaded engine

@@ -66,13 +66,18 @@ def set_engine_threads(threads: int | None = None) -> None:
 def start(setup: str | os.PathLike | None = None) -> tuple[subprocess.Popen, Connection]:
     """Start an engine process; return it and the window's end of its socket. Started as
     `python -c` with one end of a socket pair: unlike multiprocessing's spawn, this never
-    re-imports the program's main module in the engine process."""
+    re-imports the program's main module in the engine process. (The window forks its engine
+    processes from a zygote instead where it can: zygote.start.)"""
     ours, theirs = socket.socketpair()
-    cmd = [sys.executable, "-c", "from kvscope.app.host.server import main; main()",
-           str(theirs.fileno())] + ([os.fspath(setup)] if setup else [])
     with theirs:
-        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
+        proc = subprocess.Popen(command(theirs.fileno(), setup), pass_fds=(theirs.fileno(),))
     return proc, Connection(ours.detach())
+
+
+def command(fd: int, setup: str | os.PathLike | None = None) -> list[str]:
+    """The command line of an engine process serving the socket `fd`."""
+    return [sys.executable, "-c", "from kvscope.app.host.server import main; main()",
+            str(fd)] + ([os.fspath(setup)] if setup else [])
 
 
 def main(argv: list[str] | None = None) -> None:
