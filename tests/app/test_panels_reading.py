@@ -70,11 +70,14 @@ def test_how_to_read_collapses_and_gives_the_answer_its_room(qtbot):
 
 
 def test_the_cancel_load_dialog_appears_after_a_third_of_a_second(qtbot, tmp_path):
-    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat))
+    slow = tmp_path / "slow_start.py"  # run by the engine process before it serves
+    slow.write_text("import time\ntime.sleep(1.5)\n")  # a forked one starts in well under 1 s
+    w = MainWindow(settings=QSettings(str(tmp_path / "k.ini"), QSettings.IniFormat),
+                   engine_setup=str(slow))
     qtbot.addWidget(w)
     w.show()
     t0 = time.monotonic()
-    w.load_model("demo")  # a new engine process imports torch first: seconds
+    w.load_model("demo")
     qtbot.waitUntil(w.progress.isVisible, timeout=2500)  # well before the old 4 s
     # Not before its time (Qt's coarse timers may fire a few percent early).
     assert w.engine is None and time.monotonic() - t0 >= 0.8 * LOAD_DIALOG_MS / 1000
