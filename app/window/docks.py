@@ -56,10 +56,10 @@ PANELS: tuple[PanelRow, ...] = (
     PanelRow("capacity", "Capacity", _alone(CapacityPanel), RIGHT, "tools", (200, 150)),
     PanelRow("device", "Device", _alone(DevicePanel), RIGHT, "tools", (200, 120)),
     # the tools of their own, tabbed with Device
-    PanelRow("experiments", "Experiments", _alone(ExperimentsPanel), RIGHT, "tools",
-             on_demand=True),
     PanelRow("lab", "Cache lab", _alone(LabPanel), RIGHT, "tools", on_demand=True,
              shortcut="Ctrl+Shift+L"),
+    PanelRow("experiments", "Experiments", _alone(ExperimentsPanel), RIGHT, "tools",
+             on_demand=True, shortcut="Ctrl+Shift+E"),
     PanelRow("timeline", "Timeline", Timeline, BOTTOM, "time", (300, 170)),
     PanelRow("events", "Events", EventsPanel, BOTTOM, "time", (300, 100)),
     PanelRow("text", "Text", TextPanel, RIGHT, "notes", (200, 100)),
@@ -90,9 +90,17 @@ class Docks:
                 dock.toggleViewAction().setShortcut(QKeySequence(row.shortcut))
                 window.addAction(dock.toggleViewAction())
 
-    def view_actions(self) -> list[QAction]:
-        """Each dock's entry in the View menu (a check shows it)."""
-        return [dock.toggleViewAction() for dock in self.docks.values()]
+    def view_actions(self) -> list[QAction | None]:
+        """The View menu (a check shows a dock): the docks as the user meets them, a tab group
+        together at its first dock's place, then (after a separator: None) the tools."""
+        names = [name for name in self.docks if not self.rows[name].on_demand]
+        place: dict[str, int] = {}
+        for i, name in enumerate(names):
+            place.setdefault(self.rows[name].tab_group or name, i)
+        names.sort(key=lambda name: place[self.rows[name].tab_group or name])
+        tools = [name for name in self.docks if self.rows[name].on_demand]
+        return ([self.docks[name].toggleViewAction() for name in names] + [None] +
+                [self.docks[name].toggleViewAction() for name in tools])
 
     def place(self) -> None:
         """The default layout: requests left, tree and details right, timeline below; each tab
