@@ -1,7 +1,8 @@
 """Issue 26, item 8: the tools (Cache lab, Experiments) open from their shortcut or the View
 menu on top, focused and readable (a plot >= 150 px tall, >= 5 table rows, inside the screen)
-on a 1280x720 and a 1600x1000 screen; the View menu lists the docks as the user meets them,
-then the tools; a lab window steps aside for the replay it opens.
+on a 1280x720 and a 1600x1000 screen; warm-prefix's fractions read as percent ticks; the View
+menu lists the docks as the user meets them, then the tools; a lab window steps aside for the
+replay it opens.
 
 The screen-size tests run the window in a child process on a screen of that size (Qt's
 offscreen platform with a screen configuration): the suite's own offscreen screen is 800x800,
@@ -54,6 +55,9 @@ def test_each_tool_opens_on_top_focused_and_readable(seen, size):
         assert tool["plot_height"] >= 150 and tool["view_height"] >= 100, (opened, tool)
         assert tool["table_rows"] >= 5, (opened, tool)
     assert seen["shortcut hides"]  # Ctrl+Shift+E again, in the tool's window: it hides
+    ticks = seen["warm-prefix x ticks"]
+    assert len(ticks) >= 3 and all(t.endswith("%") for t in ticks), ticks
+    assert {"0%", "50%"} <= set(ticks) and "x0.001" not in seen["warm-prefix x label"]
 
 
 def view_menu_groups(w) -> list[list[str]]:
@@ -152,6 +156,19 @@ def measure(w, dock, panel, focus) -> dict:
                 view_height=panel.plot.getPlotItem().vb.height(), table_rows=rows)
 
 
+def drawn_ticks(axis) -> list[str]:
+    """The tick labels the axis paints (pyqtgraph's own draw specs)."""
+    from PySide6.QtGui import QImage, QPainter
+
+    image = QImage(10, 10, QImage.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _, _, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [text for _rect, _flags, text in texts]
+
+
 TMP = Path()  # the child's folder (its settings files)
 
 
@@ -213,6 +230,9 @@ def on(screen) -> dict:
     QTest.qWait(50)
     seen["experiments from the View menu"] = measure(w, w.docks["experiments"], experiments,
                                                      experiments.choice)
+    axis = experiments.plot.getPlotItem().getAxis("bottom")
+    seen["warm-prefix x ticks"] = drawn_ticks(axis)
+    seen["warm-prefix x label"] = axis.labelString()
     keys(Qt.Key_E)
     seen["shortcut hides"] = not w.docks["experiments"].isVisible()
     w.activateWindow()
