@@ -13,22 +13,19 @@ import pyqtgraph as pg
 import pyqtgraph.exporters
 from PySide6.QtCore import QProcess, Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
-    QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from kvscope.app.panels import FrameIndependent
+from kvscope.app.panels.result_view import plot_over_table, result_table
 from kvscope.app.plots.experiment import draw_result
 from kvscope.lab.experiments import EXPERIMENTS, Result
 from kvscope.lab.experiments.result import cell
@@ -47,6 +44,7 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         self.choice = QComboBox()
         self.choice.addItems(list(EXPERIMENTS))
         self.choice.currentTextChanged.connect(self._show_claim)
+        self.setFocusProxy(self.choice)  # opened, the keys pick an experiment
         self.run_button = QPushButton("Run")
         self.run_button.clicked.connect(self.start)
         self.cancel_button = QPushButton("Cancel")
@@ -60,10 +58,7 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.plot = pg.PlotWidget(background="w")
-        self.table = QTableWidget(0, 0)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = result_table()
         self.png_button = QPushButton("Export PNG…")
         self.png_button.clicked.connect(lambda: self._export("PNG image (*.png)", self.save_png))
         self.csv_button = QPushButton("Export CSV…")
@@ -75,13 +70,10 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         exports.addStretch(1)
         exports.addWidget(self.png_button)
         exports.addWidget(self.csv_button)
-        split = QSplitter(Qt.Vertical)
-        split.addWidget(self.plot)
-        split.addWidget(self.table)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.claim)
-        layout.addWidget(split, 1)
+        layout.addWidget(plot_over_table(self.plot, self.table), 1)
         layout.addWidget(self.verdict)
         layout.addLayout(exports)
         self._show_claim(self.choice.currentText())

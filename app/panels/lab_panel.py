@@ -8,26 +8,23 @@ from __future__ import annotations
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
     QPushButton,
     QSpinBox,
-    QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from kvscope.app.panels import FrameIndependent
+from kvscope.app.panels.result_view import plot_over_table, result_table
 from kvscope.app.plots.lab import draw_curves
 from kvscope.app.workers.lab import LabJob, LabRun
 from kvscope.engine import policies
@@ -49,21 +46,15 @@ class LabPanel(QWidget, FrameIndependent):
         self.timer = QTimer(self)
         self.timer.timeout.connect(self._poll)
         self.plot = pg.PlotWidget(background="w")
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = result_table(COLUMNS)
         self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
                               "session and press Run.")
         self.verdict.setWordWrap(True)
-        split = QSplitter(Qt.Vertical)
-        split.addWidget(self.plot)
-        split.addWidget(self.table)
         layout = QVBoxLayout(self)
         layout.addLayout(self._build_controls())
+        self.setFocusProxy(self.path_edit)  # opened, the lab takes a trace first
         layout.addWidget(self.verdict)
-        layout.addWidget(split)
+        layout.addWidget(plot_over_table(self.plot, self.table), 1)
 
     def _build_controls(self) -> QGridLayout:
         self.path_edit = QLineEdit()

@@ -1,11 +1,13 @@
 """An experiment's result drawn once for the Experiments panel and the PNG export: each plotted
-column against the result's x column (categories such as "fp8" become positions 0, 1, ...)."""
+column against the result's x column (categories such as "fp8" become positions 0, 1, ...;
+fractions such as "cached fraction" read in percent)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from kvscope.app import palette
+from kvscope.app.plots.axes import percent_axis
 from kvscope.app.plots.png import write_plot_png
 from kvscope.lab.experiments.result import Result
 
@@ -29,9 +31,21 @@ def draw_result(item, result: Result) -> None:
     item.getAxis("bottom").setTicks(ticks)
     item.setLabel("bottom", result.x)
     item.setLabel("left", ", ".join(result.ys))
+    x_percent = ticks is None and _fraction(result.x)
+    y_percent = all(map(_fraction, result.ys))
+    percent_axis(item.getAxis("bottom"), x_percent)
+    percent_axis(item.getAxis("left"), y_percent)
+    if x_percent:
+        xs = [100 * float(x) for x in xs]
     for color, name in zip(COLORS, result.ys, strict=False):
-        item.plot(xs, [float(y) for y in result.column(name)], pen=pg.mkPen(color, width=2),
+        ys = [float(y) * (100 if y_percent else 1) for y in result.column(name)]
+        item.plot(xs, ys, pen=pg.mkPen(color, width=2),
                   symbol="o", symbolBrush=color, symbolPen=None, symbolSize=6, name=name)
+
+
+def _fraction(column: str) -> bool:
+    """A column of shares in [0, 1] ("cached fraction"): drawn in percent."""
+    return column.endswith("fraction")
 
 
 def write_result_png(path: Path, result: Result, width: int = 900) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvscope.app import palette
+from kvscope.app.plots.axes import percent_axis
 from kvscope.app.plots.png import write_plot_png
 from kvscope.lab.report import Row, lab_policies
 
@@ -32,7 +33,8 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
         item.addLegend(offset=(10, 10))
     item.setLogMode(x=True, y=False)
     item.setLabel("bottom", "pool size (blocks)")
-    item.setLabel("left", "token hit ratio (%)")
+    item.setLabel("left", "token hit ratio")
+    percent_axis(item.getAxis("left"), True)
     item.showGrid(x=True, y=True, alpha=0.3)
     xs, ys = zip(*lru_curve, strict=True)
     item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(COLORS["lru"], width=2),

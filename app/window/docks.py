@@ -25,6 +25,7 @@ from kvscope.app.panels.requests_panel import RequestsPanel
 from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.selection import Selection
+from kvscope.app.window.tool_windows import open_tool, step_aside
 
 LEFT, RIGHT, BOTTOM = Qt.LeftDockWidgetArea, Qt.RightDockWidgetArea, Qt.BottomDockWidgetArea
 
@@ -38,7 +39,7 @@ class PanelRow:
     tab_group: str | None = None  # the docks of a group are tabbed together, the first on top
     min_size: tuple[int, int] | None = None  # the smallest it is readable at (a restored
     #                                          layout never squeezes it more)
-    on_demand: bool = False  # hidden until the View menu (or its shortcut) shows it
+    on_demand: bool = False  # a tool: hidden until the View menu (or its shortcut) opens it
     shortcut: str | None = None  # shows and hides its dock
 
 
@@ -55,11 +56,11 @@ PANELS: tuple[PanelRow, ...] = (
     PanelRow("details", "Details / Why it missed", DetailsPanel, RIGHT, "notes", (200, 80)),
     PanelRow("capacity", "Capacity", _alone(CapacityPanel), RIGHT, "tools", (200, 150)),
     PanelRow("device", "Device", _alone(DevicePanel), RIGHT, "tools", (200, 120)),
-    # the tools of their own, tabbed with Device
-    PanelRow("experiments", "Experiments", _alone(ExperimentsPanel), RIGHT, "tools",
-             on_demand=True),
+    # the tools (app/window/tool_windows.py): windows of their own when opened, or tabbed here
     PanelRow("lab", "Cache lab", _alone(LabPanel), RIGHT, "tools", on_demand=True,
              shortcut="Ctrl+Shift+L"),
+    PanelRow("experiments", "Experiments", _alone(ExperimentsPanel), RIGHT, "tools",
+             on_demand=True, shortcut="Ctrl+Shift+E"),
     PanelRow("timeline", "Timeline", Timeline, BOTTOM, "time", (300, 170)),
     PanelRow("events", "Events", EventsPanel, BOTTOM, "time", (300, 100)),
     PanelRow("text", "Text", TextPanel, RIGHT, "notes", (200, 100)),
@@ -89,10 +90,25 @@ class Docks:
             if row.shortcut is not None:
                 dock.toggleViewAction().setShortcut(QKeySequence(row.shortcut))
                 window.addAction(dock.toggleViewAction())
+            if row.on_demand:  # opened by the user: on top, focused, readable
+                dock.toggleViewAction().triggered.connect(
+                    lambda shown, d=dock: shown and open_tool(window, d))
 
-    def view_actions(self) -> list[QAction]:
-        """Each dock's entry in the View menu (a check shows it)."""
-        return [dock.toggleViewAction() for dock in self.docks.values()]
+    def view_actions(self) -> list[QAction | None]:
+        """The View menu (a check shows a dock): the docks as the user meets them, a tab group
+        together at its first dock's place, then (after a separator: None) the tools."""
+        names = [name for name in self.docks if not self.rows[name].on_demand]
+        place: dict[str, int] = {}
+        for i, name in enumerate(names):
+            place.setdefault(self.rows[name].tab_group or name, i)
+        names.sort(key=lambda name: place[self.rows[name].tab_group or name])
+        tools = [name for name in self.docks if self.rows[name].on_demand]
+        return ([self.docks[name].toggleViewAction() for name in names] + [None] +
+                [self.docks[name].toggleViewAction() for name in tools])
+
+    def step_aside(self, name: str) -> None:
+        """A tool window hides while the window shows what it asked for (tool_windows.py)."""
+        step_aside(self.window, self.docks[name], self.rows[name].shortcut)
 
     def place(self) -> None:
         """The default layout: requests left, tree and details right, timeline below; each tab

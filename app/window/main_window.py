@@ -184,11 +184,11 @@ class MainWindow(QMainWindow):
 
         def failed(e) -> None:
             self.banner.show_error(f"Cannot open the lab replay: {e}")
-
         try:
             trace = load_lab_input(path, None, limit)
             self.lab_opening = open_lab_source(self, trace, pool_blocks, block_size, policy,
                                                self.open_source, failed)
+            self.docking.step_aside("lab")  # the lab's window would cover the replay
         except (TraceError, OSError, SessionError) as e:
             failed(e)
             return False

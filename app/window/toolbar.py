@@ -116,7 +116,10 @@ def build_menus(w) -> None:
     w.act_detach.setEnabled(False)
     w.view_menu = w.menuBar().addMenu("&View")
     for action in w.docking.view_actions():
-        w.view_menu.addAction(action)
+        if action is None:
+            w.view_menu.addSeparator()
+        else:
+            w.view_menu.addAction(action)
     w.view_menu.addSeparator()
     w.view_menu.addAction(w.timeline.act_wall_clock)
     w.act_reset_layout = w.view_menu.addAction("Reset layout", w.docking.reset)
