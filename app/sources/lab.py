@@ -84,27 +84,23 @@ class LabSource(FrameSource):
 
 
 class LabOpening(QObject):
-    """A lab replay being opened off the GUI thread: a progress dialog with Cancel over the
-    pass; `on_ready(source)` once it is done, `on_error(text)` if it failed; neither when
-    cancelled. `thread`: the worker (not running once the opening ended)."""
+    """A lab replay being opened off the GUI thread (the trace read, then the pass): a progress
+    dialog with Cancel; `on_ready(source)` once it is done, `on_error(text)` if it failed (a bad
+    trace too); neither when cancelled. `thread`: the worker (not running once it ended)."""
 
-    def __init__(self, parent, trace: Trace, pool_blocks: int, block_size: int, policy: str,
-                 on_ready, on_error):
+    def __init__(self, parent, make, title: str, on_ready, on_error):
         super().__init__()
-        replay = lab_replay(trace, pool_blocks, block_size, policy)  # bad input: raised here
-        self._args = (trace, pool_blocks, block_size, policy)
         self._on_ready, self._on_error = on_ready, on_error
         self.cancelled = False
-        self.thread = ReplayThread(replay)
-        self.dialog = QProgressDialog(f"Replaying {Path(trace.name).name} at {pool_blocks:,} "
-                                      f"blocks, {policy}…", "Cancel", 0, replay.num_steps,
-                                      parent)
+        self.thread = ReplayThread(make)
+        self.dialog = QProgressDialog(title, "Cancel", 0, 0, parent)  # busy until it is sized
         self.dialog.setWindowTitle("Opening the lab replay")
         self.dialog.setWindowModality(Qt.WindowModal)
         self.dialog.setMinimumDuration(300)  # a short run opens without a flash of a dialog
         self.dialog.setAutoClose(False)
         self.dialog.setAutoReset(False)
         self.dialog.canceled.connect(self.cancel)
+        self.thread.sized.connect(lambda steps: self.dialog.setMaximum(steps))  # queued
         self.thread.progressed.connect(self._progressed)  # queued: to this (GUI) thread
         self.thread.finished.connect(self._finished)
         _OPENING.add(self)  # kept until the thread ends, whoever drops it
@@ -143,19 +139,26 @@ class LabOpening(QObject):
         if self.cancelled:
             return
         self.dialog.close()
+        r = self.thread.replay
         if self.thread.error is not None:
             self._on_error(self.thread.error)
         else:
-            self._on_ready(LabSource(*self._args, replay=self.thread.replay))
+            self._on_ready(LabSource(r.trace, r.pool_blocks, r.block_size, r.policy, replay=r))
 
 
 _OPENING: set[LabOpening] = set()
 
 
-def open_lab_source(parent, trace: Trace, pool_blocks: int, block_size: int, policy: str,
-                    on_ready, on_error) -> LabOpening:
-    """Open a lab replay without blocking the GUI: the pass runs on a worker thread under a
-    progress dialog (Cancel stops it and opens nothing); `on_ready(LabSource)` when it is done,
-    `on_error(text)` if it failed. A trace without requests or a block size that does not
-    divide the trace's raises SessionError or TraceError at once."""
-    return LabOpening(parent, trace, pool_blocks, block_size, policy, on_ready, on_error)
+def open_lab_source(parent, path: str, limit: int | None, pool_blocks: int, block_size: int,
+                    policy: str, on_ready, on_error) -> LabOpening:
+    """Open a lab replay of a trace or session file without blocking the GUI: it is read and
+    replayed on a worker thread under a progress dialog (Cancel stops it and opens nothing);
+    `on_ready(LabSource)` when it is done, `on_error(text)` if it failed (a file that does not
+    read as a trace, a trace without requests, a block size that does not divide the trace's)."""
+    from kvscope.sessions.lab_input import load_lab_input
+
+    def make() -> WhatIfReplay:
+        return lab_replay(load_lab_input(path, None, limit), pool_blocks, block_size, policy)
+
+    title = f"Replaying {Path(path).name} at {pool_blocks:,} blocks, {policy}…"
+    return LabOpening(parent, make, title, on_ready, on_error)

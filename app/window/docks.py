@@ -106,9 +106,10 @@ class Docks:
         return ([self.docks[name].toggleViewAction() for name in names] + [None] +
                 [self.docks[name].toggleViewAction() for name in tools])
 
-    def step_aside(self, name: str) -> None:
-        """A tool window hides while the window shows what it asked for (tool_windows.py)."""
-        step_aside(self.window, self.docks[name], self.rows[name].shortcut)
+    def step_aside(self, name: str):
+        """A tool window hides while the window shows what it asked for (tool_windows.py);
+        returns what brings it back."""
+        return step_aside(self.window, self.docks[name], self.rows[name].shortcut)
 
     def place(self) -> None:
         """The default layout: requests left, tree and details right, timeline below; each tab

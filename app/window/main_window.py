@@ -176,22 +176,20 @@ class MainWindow(QMainWindow):
 
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
                         limit: int) -> bool:
-        """The Lab panel's what-if run, shown like a replay once its pass (off the GUI thread,
-        progress and Cancel) is done. A bad trace changes nothing."""
+        """The Lab panel's what-if run, shown like a replay once read and replayed off the GUI
+        thread (progress, Cancel). No such file: False; a bad trace: the banner, once read."""
         from kvscope.app.sources.lab import open_lab_source
-        from kvscope.lab.traces import TraceError
-        from kvscope.sessions.lab_input import load_lab_input
 
         def failed(e) -> None:
+            back()  # the lab's window, if it stepped aside
             self.banner.show_error(f"Cannot open the lab replay: {e}")
-        try:
-            trace = load_lab_input(path, None, limit)
-            self.lab_opening = open_lab_source(self, trace, pool_blocks, block_size, policy,
-                                               self.open_source, failed)
-            self.docking.step_aside("lab")  # the lab's window would cover the replay
-        except (TraceError, OSError, SessionError) as e:
-            failed(e)
+
+        back = self.docking.step_aside("lab")  # the lab's window would cover the replay
+        if not Path(path).is_file():
+            failed(f"{path}: no such file")
             return False
+        self.lab_opening = open_lab_source(self, path, limit, pool_blocks, block_size, policy,
+                                           self.open_source, failed)
         return True
 
     def attach_dialog(self) -> AttachDialog:

@@ -57,11 +57,20 @@ def _smaller(size: QSize, least: QSize) -> bool:
     return size.width() < least.width() or size.height() < least.height()
 
 
-def step_aside(window: QMainWindow, dock: QDockWidget, shortcut: str | None) -> None:
+def step_aside(window: QMainWindow, dock: QDockWidget, shortcut: str | None):
     """A tool window that asks the main window to show something (the lab's replay) would
-    cover it: it hides, keeping what it shows; the View menu (or its shortcut) brings it back."""
-    if dock.isFloating() and dock.isVisible():
-        dock.hide()
-        back = f"{shortcut} or View → {dock.windowTitle()}" if shortcut else "View"
-        window.statusBar().showMessage(f"{dock.windowTitle()} hidden to show the replay: "
-                                       f"{back} brings it back", 8000)
+    cover it: it hides, keeping what it shows; the View menu (or its shortcut) brings it back.
+    Returns what brings it back at once (when what it asked for failed)."""
+    if not (dock.isFloating() and dock.isVisible()):
+        return lambda: None
+    dock.hide()
+    back = f"{shortcut} or View → {dock.windowTitle()}" if shortcut else "View"
+    window.statusBar().showMessage(f"{dock.windowTitle()} hidden to show the replay: "
+                                   f"{back} brings it back", 8000)
+
+    def come_back() -> None:
+        window.statusBar().clearMessage()
+        dock.show()
+        dock.raise_()
+
+    return come_back

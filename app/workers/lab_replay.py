@@ -1,10 +1,11 @@
-"""The one pass of a what-if replay the window opens (`kvscope.lab.replay.WhatIfReplay.run`) on
-a QThread, with progress, stopped by `cancel()` within a step (the lab panel's own runs are
-worker processes: lab.py)."""
+"""The what-if replay the window opens, made (the trace read) and run in one pass
+(`kvscope.lab.replay.WhatIfReplay.run`) on a QThread, with progress, stopped by `cancel()` within
+a step (the lab panel's own runs are worker processes: lab.py)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from PySide6.QtCore import QThread, Signal
 
@@ -14,20 +15,25 @@ YIELD_S = 0.001
 
 
 class ReplayThread(QThread):
-    """Runs `replay.run()`; when it ends (`finished`), `ok` says whether the run completed and
-    `error` holds why it failed, if it did."""
+    """Makes the replay (`make()`: the trace read, the run set up) and runs it; when it ends
+    (`finished`), `ok` says whether the run completed and `error` holds why it failed (a bad
+    trace too), if it did."""
 
+    sized = Signal(int)  # the replay is made: its number of steps
     progressed = Signal(int)  # steps done
 
-    def __init__(self, replay: WhatIfReplay, parent=None):
+    def __init__(self, make: Callable[[], WhatIfReplay], parent=None):
         super().__init__(parent)
-        self.replay = replay
+        self.make = make
+        self.replay: WhatIfReplay | None = None
         self.ok = False
         self.error: str | None = None
         self._cancelled = False
 
     def run(self) -> None:
         try:
+            self.replay = self.make()
+            self.sized.emit(self.replay.num_steps)
             self.ok = self.replay.run(lambda done, _n: self.progressed.emit(done),
                                       self._stopped)
         except Exception as e:  # noqa: BLE001 - shown in the banner, the window keeps running

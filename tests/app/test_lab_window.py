@@ -171,12 +171,15 @@ def test_dead_cache_is_outlined_in_the_pool(window, qtbot, tmp_path, policy, dea
     assert (xs is None or len(xs) == 0) and len(w.pool.dead) == 0
 
 
-def test_a_bad_trace_opened_as_a_replay_changes_nothing(window, tmp_path):
+def test_a_bad_trace_opened_as_a_replay_changes_nothing(window, qtbot, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     before = window.source
-    assert not window.open_lab_replay(str(bad), 100, 16, "lru", 10)
-    assert window.source is before and "Cannot open the lab replay" in window.banner.label.text()
+    assert window.open_lab_replay(str(bad), 100, 16, "lru", 10)  # read off the GUI thread
+    qtbot.waitUntil(lambda: "Cannot open the lab replay" in window.banner.label.text())
+    assert window.source is before
+    assert not window.open_lab_replay(str(tmp_path / "gone.jsonl"), 100, 16, "lru", 10)
+    assert window.source is before and "gone.jsonl: no such file" in window.banner.label.text()
 
 
 class GapProbe:
