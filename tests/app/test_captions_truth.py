@@ -1,0 +1,177 @@
+"""Every caption tells the truth (issue 26, items 6, 7, 12, 13, 14, 15), at 1280x720 and 1600x1000:
+hover captions said anew for each step and source; an attached server's banner, health, hover and
+tooltips in its own words; a finished request's cached blocks outlined; a forked sample's cached
+tokens in the history; block ticks drawn between glyphs; a partial last block explained; a lab
+replay's status line said once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
+from PySide6.QtWidgets import QApplication
+from window_testutil import open_replay
+
+from kvscope.app.panels.pool_view import describe_block
+from kvscope.app.panels.prefix_tree_panel import HINT, node_text
+from kvscope.app.prefix_tree import build_tree, walk
+from kvscope.app.sources.lab import LabSource
+from kvscope.engine.config import EngineConfig, SamplingParams
+from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
+from kvscope.sessions import SessionReader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
+from kv_fake_publisher import FakePublisher  # noqa: E402
+
+SIZES = [(1280, 720), (1600, 1000)]
+HEAD = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head200.jsonl"
+BS = 16
+# 71 tokens: 4 full blocks and a partial one of 7; block 3 starts inside "Assistant"
+PROMPT = "Assistant notes: the assistant explains lists, tuples and dictionaries. " * 3
+FILLER = "Filler {}: " + "generators and iterators " * 10
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    """A session recorded with text: #0 the prompt; #1 the same prompt again (every full block
+    reused, its 7 last tokens a partial block), sampled twice (#3 is forked from it); #2, #4,
+    #5 fillers. At the last step #0's full blocks are cached, in no request's table."""
+    from kvscope.engine import Engine
+    from kvscope.sessions import Recorder
+
+    path = tmp_path_factory.mktemp("captions") / "story.kvscope"
+    engine = Engine.from_pretrained("demo", EngineConfig(num_blocks=32, block_size=BS))
+    with Recorder(path, engine, record_text=True):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=2, ignore_eos=True))
+        engine.step()
+        engine.step()
+        engine.add_request(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True, n=2))
+        for i in range(3):
+            engine.add_request(FILLER.format(i), SamplingParams(max_tokens=4, ignore_eos=True))
+            engine.step()
+        while engine.has_unfinished():
+            engine.step()
+    return path
+
+
+@pytest.fixture(params=SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def size(request):
+    return request.param
+
+
+@pytest.fixture
+def replay(qtbot, tmp_path, story, size):
+    w = open_replay(qtbot, tmp_path, story, size)
+    activate(w, qtbot)
+    yield w
+    w.close()
+
+
+def activate(w, qtbot) -> None:
+    w.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=3000)
+
+
+def move_mouse(view, at: QPointF) -> None:
+    """The mouse moved to `at` (view coordinates of a QGraphicsView), sent to its viewport
+    (QTest's window-level moves are not always routed to it offscreen)."""
+    at = QPointF(at)
+    QApplication.sendEvent(view.viewport(), QMouseEvent(
+        QEvent.MouseMove, at, view.viewport().mapToGlobal(at), Qt.NoButton, Qt.NoButton,
+        Qt.NoModifier))
+
+
+def hover_cell(pool, block: int) -> None:
+    scene = pool.plot.plotItem.vb.mapViewToScene(QPointF(*pool.cell_center(block)))
+    move_mouse(pool.plot, pool.plot.mapFromScene(scene))
+
+
+def hover_tree_node(tree, index: int) -> None:
+    node = tree.flat[index]
+    scene = tree.vb.mapViewToScene(QPointF(node.x, node.level))
+    move_mouse(tree.plot, tree.plot.mapFromScene(scene))
+
+
+def caught_up(tree) -> None:
+    tree.flush()
+    while tree.pending:
+        tree.advance()
+
+
+def click_row(w, qtbot, rid: int) -> None:
+    table, model = w.requests.table, w.requests.model
+    row = [r.request_id for r in model.rows].index(rid)
+    qtbot.mouseClick(table.viewport(), Qt.LeftButton,
+                     pos=table.visualRect(model.index(row, 0)).center())
+
+
+def press(w, qtbot, key, times: int = 1) -> None:
+    for _ in range(times):
+        qtbot.keyClick(w, key)
+
+
+# ---------------------------------------------------------------- item 6: hover captions
+def test_the_pool_caption_is_said_anew_when_end_moves_the_cursor(replay, qtbot, story):
+    w = replay
+    with SessionReader(story) as r:
+        first, last = r.first_step, r.last_step
+        end = r.snapshot_at(last)
+        # a block held by a request at some step and only cached at the last one
+        block, at = next((b, s) for s in range(first, last) for b in np.flatnonzero(
+            np.isin(r.snapshot_at(s).state, (ACTIVE, SHARED)) & (end.state == CACHED)).tolist())
+    press(w, qtbot, Qt.Key_Home)
+    press(w, qtbot, Qt.Key_Right, at - first)
+    qtbot.waitUntil(lambda: w.snapshot.step == at)
+    hover_cell(w.pool, block)
+    caption = w.pool.hover_label
+    qtbot.waitUntil(lambda: caption.text().startswith(f"block {block} · "))
+    assert " · owners #" in caption.text() and " · cached · " not in caption.text()
+    press(w, qtbot, Qt.Key_End)
+    qtbot.waitUntil(lambda: w.snapshot.step == last)
+    assert caption.text() == describe_block(end, block)
+    assert caption.text().startswith(f"block {block} · cached · ref 0")
+    assert "owners" not in caption.text()
+
+
+def test_the_tree_caption_is_said_anew_or_cleared_for_each_step_and_source(replay, qtbot,
+                                                                          story, tmp_path):
+    w, tree = replay, replay.tree
+    press(w, qtbot, Qt.Key_End)
+    caught_up(tree)
+    node = next(i for i, n in enumerate(tree.flat) if not n.is_root and n.state == CACHED)
+    block = tree.flat[node].blocks[0]
+    hover_tree_node(tree, node)
+    qtbot.waitUntil(lambda: tree.info.text().startswith(f"{tree.flat[node].count} blocks")
+                    or tree.info.text().startswith(f"block {block}"))
+    assert "cached" in tree.info.text()
+    # a step back: the same block as that step's tree has it (or the hint, if not in it)
+    press(w, qtbot, Qt.Key_Left, 3)
+    caught_up(tree)
+    snap = w.snapshot
+    there = [n for root in build_tree(snap) for n in walk([root]) if block in n.blocks]
+    assert tree.info.text() == (node_text(there[0], snap, tree.identities) if there else HINT)
+    # another source: a lab replay, the session again, an attached server (nothing sent yet)
+    fake = FakePublisher()
+    try:
+        for open_next in (lambda: w.open_source(LabSource(_trace(), 4000)),
+                          lambda: w.open_session(str(story)),
+                          lambda: w.attach(fake.endpoint)):
+            caught_up(tree)
+            hover_tree_node(tree, len(tree.flat) - 1)
+            qtbot.waitUntil(lambda: tree.info.text() != HINT)
+            open_next()
+            assert tree.info.text() == HINT
+            caught_up(tree)  # the new source's first tree
+            assert tree.info.text() == HINT
+    finally:
+        fake.close()
+
+
+def _trace():
+    from kvscope.lab.traces import load_trace
+
+    return load_trace(HEAD, limit=40)
