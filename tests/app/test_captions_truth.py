@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pixels import cell_pixel, close, grab_pool
 from PySide6.QtCore import QEvent, QPointF, Qt
-from PySide6.QtGui import QMouseEvent
+from PySide6.QtGui import QColor, QMouseEvent
 from PySide6.QtWidgets import QApplication
 from window_testutil import open_replay
 
+from kvscope.app import palette
 from kvscope.app.panels.pool_view import describe_block
 from kvscope.app.panels.prefix_tree_panel import HINT, node_text
 from kvscope.app.prefix_tree import build_tree, walk
@@ -175,3 +177,26 @@ def _trace():
     from kvscope.lab.traces import load_trace
 
     return load_trace(HEAD, limit=40)
+
+
+# ---------------------------------------------------------------- item 12: finished requests
+def test_a_finished_requests_cached_blocks_are_outlined_in_the_pool(replay, qtbot):
+    w = replay
+    press(w, qtbot, Qt.Key_End)
+    snap = w.snapshot
+    assert 0 not in snap.block_tables  # #0 finished long ago
+    click_row(w, qtbot, 0)
+    title = w.requests.block_table_title.text()
+    kept = w.selection.freed.still_held(0, snap)
+    assert len(kept) == 4 and title.startswith("#0 finished: 4 of 5 blocks still in the pool")
+    assert sorted(w.pool.highlighted.tolist()) == sorted(kept.tolist())
+    image = grab_pool(w.pool)
+    outline = palette.SELECTED_OUTLINE
+    others = [b for b in range(snap.num_blocks) if b not in kept and
+              not any(b in t for t in snap.block_tables.values())]
+    for block in kept.tolist():  # the outline's left edge, on each of them
+        assert close(cell_pixel(w.pool, image, block, dx=-0.41), QColor(outline).getRgb()[:3],
+                     60), block
+    for block in others[:8]:
+        assert not close(cell_pixel(w.pool, image, block, dx=-0.41),
+                         QColor(outline).getRgb()[:3], 60), block
