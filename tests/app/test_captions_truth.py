@@ -15,7 +15,7 @@ from pixels import cell_pixel, close, grab_pool
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QColor, QMouseEvent
 from PySide6.QtWidgets import QApplication
-from window_testutil import open_replay
+from window_testutil import open_replay, step
 
 from kvscope.app import palette
 from kvscope.app.panels.pool_view import describe_block
@@ -200,3 +200,39 @@ def test_a_finished_requests_cached_blocks_are_outlined_in_the_pool(replay, qtbo
     for block in others[:8]:
         assert not close(cell_pixel(w.pool, image, block, dx=-0.41),
                          QColor(outline).getRgb()[:3], 60), block
+
+
+# ---------------------------------------------------------------- item 13: forked samples
+def test_a_forked_sample_shows_its_cached_tokens_at_a_past_live_step(window, qtbot):
+    """At both sizes in one window (one engine process: the test stays fast)."""
+    w, client = window, window.engine_client
+    client.submit(PROMPT, SamplingParams(max_tokens=2, ignore_eos=True), None)
+    step(w, qtbot, 2)
+    client.submit(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, n=2), None)
+    step(w, qtbot, 4)  # #1 hit #0's 4 blocks, sampled; #2 forked from it: both decoding
+    model = w.requests.model
+
+    def fork_row():
+        return next(r for r in model.rows if r.parent_id == 1)
+
+    assert fork_row().cached_tokens == 64 and fork_row().state == "decode"  # following live
+    qtbot.wait(600)  # the history is committed every 0.25 s
+    for size in SIZES:
+        w.resize(*size)
+        activate(w, qtbot)
+        back = w.snapshot.step - 1
+        press(w, qtbot, Qt.Key_Left)  # a step back in the history
+        qtbot.waitUntil(lambda back=back: w.snapshot.step == back, timeout=5000)
+        row = model.rows.index(fork_row())
+        assert fork_row().state == "decode" and fork_row().cached_tokens == 64
+        assert model.data(model.index(row, 0)) == "#2 (of #1)"
+        assert "64 of 71 prompt tokens reused" in model.data(model.index(row, 3),
+                                                             Qt.ToolTipRole)
+    # a model reload (Apply): nothing the tree said of the old model stays
+    caught_up(w.tree)
+    hover_tree_node(w.tree, len(w.tree.flat) - 1)
+    qtbot.waitUntil(lambda: w.tree.info.text() != HINT)
+    old = w.engine
+    qtbot.keyClick(w, Qt.Key_R, Qt.ControlModifier | Qt.ShiftModifier)
+    qtbot.waitUntil(lambda: w.engine is not None and w.engine is not old, timeout=30_000)
+    assert w.tree.info.text() == HINT
