@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from pixels import cell_pixel, close, grab_pool
 from PySide6.QtCore import QEvent, QPointF, Qt
-from PySide6.QtGui import QColor, QMouseEvent
+from PySide6.QtGui import QColor, QImage, QMouseEvent
 from PySide6.QtWidgets import QApplication
 from window_testutil import open_replay, step
 
 from kvscope.app import palette
 from kvscope.app.panels.pool_view import describe_block
 from kvscope.app.panels.prefix_tree_panel import HINT, node_text
+from kvscope.app.panels.text_panel import TICK, TICK_COLOR
 from kvscope.app.prefix_tree import build_tree, walk
 from kvscope.app.sources.lab import LabSource
 from kvscope.engine.config import EngineConfig, SamplingParams
@@ -236,3 +237,34 @@ def test_a_forked_sample_shows_its_cached_tokens_at_a_past_live_step(window, qtb
     qtbot.keyClick(w, Qt.Key_R, Qt.ControlModifier | Qt.ShiftModifier)
     qtbot.waitUntil(lambda: w.engine is not None and w.engine is not old, timeout=30_000)
     assert w.tree.info.text() == HINT
+
+
+# ---------------------------------------------------------------- item 14: block ticks
+def test_block_ticks_are_drawn_between_glyphs_and_leave_the_text_alone(replay, qtbot):
+    w = replay
+    press(w, qtbot, Qt.Key_End)
+    w.docks["text"].show()
+    w.docks["text"].raise_()
+    click_row(w, qtbot, 1)
+    view = w.text.view
+    qtbot.waitUntil(lambda: PROMPT.strip() in view.toPlainText())
+    text = view.toPlainText()
+    assert TICK not in text and text.count("Assistant") == 3
+    assert len(view.ticks) == (71 + 8 - 1) // BS  # the prompt's and the output's block starts
+    # the tick of block 3 sits inside "Assistant" ("…A|ssistant"), drawn between the glyphs
+    inside = view.ticks[2]
+    assert view.document().characterAt(inside - 1) == "A" and \
+        view.document().characterAt(inside) == "s"
+    cursor = view.textCursor()
+    cursor.setPosition(inside)
+    view.setTextCursor(cursor)
+    view.ensureCursorVisible()
+    qtbot.wait(50)
+    rect = view.tick_rects()[2]
+    image = view.viewport().grab().toImage().convertToFormat(QImage.Format_RGB32)
+    ratio = image.devicePixelRatio()
+    column = [image.pixelColor(int(rect.left() * ratio), int(y * ratio))
+              for y in range(rect.top() + 2, rect.bottom() - 1)]
+    dark = QColor(TICK_COLOR)
+    assert column and all(abs(c.red() - dark.red()) < 40 and abs(c.blue() - dark.blue()) < 40
+                          for c in column), [c.name() for c in column]
