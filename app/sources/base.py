@@ -23,7 +23,7 @@ MAX_EVENTS = 20_000  # events kept to show again (the event log keeps as many)
 
 
 class FrameSource:
-    name = ""  # for the status bar
+    name = ""  # for the status bar: what is shown (a replay's: the file and its model)
     read_only: str | None = None  # why submitting and cancelling are off (None: they are on)
     live = False  # has a newest step that moves on (the window can follow it)
     attached = False  # shows an attached server's cache (hash slots, not physical blocks)

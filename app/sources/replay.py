@@ -16,7 +16,7 @@ class ReplaySource(FrameSource):
 
     def __init__(self, reader: SessionReader):
         self.reader = reader
-        self.name = reader.path.name
+        self.name = f"{reader.path.name} · {reader.meta.model_name or '?'}"
         self.read_only = READ_ONLY
         # (published step, event) of the lifecycle kinds: a request added between steps N and
         # N+1 is stamped N but published, and replayed, with N+1

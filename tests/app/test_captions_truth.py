@@ -15,7 +15,7 @@ from pixels import cell_pixel, close, grab_pool
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QColor, QImage, QMouseEvent
 from PySide6.QtWidgets import QApplication
-from window_testutil import open_replay, step
+from window_testutil import bare_window, open_replay, step
 
 from kvscope.app import palette
 from kvscope.app.panels.pool_view import describe_block
@@ -268,3 +268,28 @@ def test_block_ticks_are_drawn_between_glyphs_and_leave_the_text_alone(replay, q
     dark = QColor(TICK_COLOR)
     assert column and all(abs(c.red() - dark.red()) < 40 and abs(c.blue() - dark.blue()) < 40
                           for c in column), [c.name() for c in column]
+
+
+# ---------------------------------------------------------------- item 15
+def test_why_did_this_miss_says_a_partial_last_block_is_never_cached(replay, qtbot):
+    w = replay
+    press(w, qtbot, Qt.Key_End)
+    click_row(w, qtbot, 1)
+    qtbot.mouseClick(w.requests.explain_button, Qt.LeftButton)
+    text = w.details.text.toPlainText()
+    assert "Why #1 missed" in text and "4 block(s) (64 tokens) reused" in text
+    assert "the last 7 token(s) are a partial block" in text and "never cached" in text
+    assert "must always be computed" not in text
+    assert w.details.isVisible() and not w.details.visibleRegion().isEmpty()
+
+
+def test_the_lab_replays_status_line_says_each_thing_once(qtbot, tmp_path, size):
+    w = bare_window(qtbot, tmp_path, size)
+    try:
+        assert w.open_lab_replay(str(HEAD), 400, BS, "lru", 40)
+        qtbot.waitUntil(lambda: isinstance(w.source, LabSource), timeout=20_000)
+        qtbot.waitUntil(lambda: w.status.text().startswith("replay · "))
+        line = w.status.text()
+        assert line.count(HEAD.name) == 1 and line.count("400 blocks") == 1, line
+    finally:
+        w.close()
