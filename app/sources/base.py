@@ -64,9 +64,9 @@ class FrameSource:
         """The status bar's line for `snap` (None: the window's own)."""
         return None
 
-    def health(self) -> tuple[str, list[str], bool] | None:
-        """(one line for the status bar, every line, True when nothing was missed); None for a
-        source that cannot miss anything."""
+    def health(self) -> tuple[str, list[str], bool | None] | None:
+        """(one line for the status bar, every line, True when nothing was missed, None while
+        nothing has arrived); None for a source that cannot miss anything."""
         return None
 
     def describe_slot(self, slot: int) -> str | None:

@@ -23,12 +23,15 @@ from kvscope.app.panels.prefix_tree_panel import HINT, node_text
 from kvscope.app.panels.text_panel import TICK, TICK_COLOR
 from kvscope.app.prefix_tree import build_tree, walk
 from kvscope.app.sources.lab import LabSource
+from kvscope.app.window.attach_view import HEALTHY, WAITING
 from kvscope.engine.config import EngineConfig, SamplingParams
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
 from kvscope.sessions import SessionReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
-from kv_fake_publisher import FakePublisher  # noqa: E402
+from kv_fake_publisher import FakePublisher, batch, stored  # noqa: E402
+
+import kvscope.sessions.kv_events.session as attach_session  # noqa: E402
 
 SIZES = [(1280, 720), (1600, 1000)]
 HEAD = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_head200.jsonl"
@@ -293,3 +296,63 @@ def test_the_lab_replays_status_line_says_each_thing_once(qtbot, tmp_path, size)
         assert line.count(HEAD.name) == 1 and line.count("400 blocks") == 1, line
     finally:
         w.close()
+
+
+# ---------------------------------------------------------------- item 7: attach
+def test_attach_speaks_of_stored_removed_and_resident_blocks(qtbot, tmp_path, size,
+                                                            monkeypatch):
+    from test_attach_window import attach_from_menu
+
+    monkeypatch.setattr(attach_session, "SILENT_S", 0.5)
+    w = bare_window(qtbot, tmp_path, size)
+    fake = FakePublisher()
+    try:
+        attach_from_menu(w, qtbot, fake.endpoint)
+        fake.wait_subscribed(timeout_s=10)
+        health, banner = w.attach_view.health, w.banner
+        # nothing yet: the banner says so, the health is amber, not green
+        qtbot.waitUntil(lambda: "No KV events from" in banner.label.text(), timeout=5000)
+        assert banner.isVisible() and health.text().startswith("○ mirror: no events yet")
+        assert _shows_colour(health, WAITING) and not _shows_colour(health, HEALTHY)
+        # 40 blocks stored in one step, then 2 more: the banner goes, the health turns green
+        fake.send(0, batch([stored(list(range(1, 41)), None)]))
+        qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 40,
+                        timeout=5000)
+        qtbot.waitUntil(lambda: not banner.isVisible(), timeout=3000)
+        qtbot.waitUntil(lambda: health.text().startswith("● mirror: gaps 0"), timeout=3000)
+        assert _shows_colour(health, HEALTHY) and not _shows_colour(health, WAITING)
+        fake.send(1, batch([stored([41, 42], 40)]))
+        qtbot.waitUntil(lambda: w.snapshot.num_cached_blocks == 42, timeout=5000)
+        tl = w.timeline
+        steps, counts = w.attach_view.data["stored"]
+        spike = steps[counts.index(40)]
+        # the spike fits the plot (not clipped at the tokens' 1)
+        qtbot.waitUntil(lambda: tl.token_plot.vb.viewRange()[1][1] >= 40, timeout=3000)
+        # hover its step: the readout in stored / removed / resident, not an engine's words
+        vb = tl.token_plot.vb
+
+        def spike_at() -> QPointF:
+            return vb.mapViewToScene(QPointF(tl.step_x(spike), 20))
+
+        qtbot.waitUntil(lambda: vb.sceneBoundingRect().contains(spike_at()))  # in view
+        move_mouse(tl.glw, tl.glw.mapFromScene(spike_at()))
+        qtbot.waitUntil(lambda: tl.readout.text().startswith(f"step {spike} "))
+        words = tl.readout.text()
+        assert "stored 40" in words and "removed 0" in words and "resident 40" in words
+        for engine_word in ("prefill", "decode", "tokens", "batch", "active"):
+            assert engine_word not in words, words
+        tips = " ".join(p.toolTip() for p in tl.plots.values()) + w.pool.title.toolTip()
+        assert "stored" in tips and "resident" in tips and "prefill" not in tips
+        w.act_detach.trigger()  # back to the engine's words
+        assert "prefill" in tl.plots["time"].toolTip()
+    finally:
+        w.close()
+        fake.close()
+
+
+def _shows_colour(label, color: str) -> bool:
+    """Whether some of a label's pixels are drawn in this colour (its text's)."""
+    image = label.grab().toImage().convertToFormat(QImage.Format_RGB32)
+    want = QColor(color).getRgb()[:3]
+    return any(close(image.pixelColor(x, y).getRgb()[:3], want, 12)
+               for y in range(image.height()) for x in range(image.width()))
