@@ -2,12 +2,15 @@
 
 Panels subscribe to its signals, as napari's views subscribe to their model's events, and change
 it directly; the window relays nothing. `step` None means "the newest step" (following a live
-engine)."""
+engine). `freed`: the blocks requests freed (the frame pump gives it the frames' events), so a
+finished request's blocks that still hold its KV are outlined like a running one's."""
 
 from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import QObject, Signal
+
+from kvscope.app.freed_tables import FreedTables
 
 
 class Selection(QObject):
@@ -20,10 +23,12 @@ class Selection(QObject):
         self.step: int | None = None
         self.request: int | None = None
         self.blocks: tuple[int, ...] = ()
+        self.freed = FreedTables()  # the blocks requests freed, from the frames' events
 
     def reset(self) -> None:
         """Nothing selected, the newest step (a new source): every subscriber is told."""
         self.step, self.request, self.blocks = None, None, ()
+        self.freed.clear()
         self.request_changed.emit(None)
         self.blocks_changed.emit(())
         self.step_changed.emit(None)
@@ -59,9 +64,12 @@ class Selection(QObject):
             self.select_step(step)
 
     def highlighted(self, snap) -> np.ndarray:
-        """The blocks to outline in `snap`: those picked by hand, else the request's table."""
+        """The blocks to outline in `snap`: those picked by hand, else the request's table, else
+        the blocks it freed (finished) that still hold its KV."""
         if self.blocks:
             return np.asarray(self.blocks, dtype=np.int64)
-        if snap is not None and self.request in snap.block_tables:
+        if snap is None:
+            return np.zeros(0, dtype=np.int64)
+        if self.request in snap.block_tables:
             return np.asarray(snap.block_tables[self.request], dtype=np.int64)
-        return np.zeros(0, dtype=np.int64)
+        return self.freed.still_held(self.request, snap)

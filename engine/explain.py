@@ -35,8 +35,14 @@ class MissExplanation:
         bs, n = self.block_size, self.num_prompt_tokens
         hit = f"{self.num_hit_blocks} block(s) ({self.num_hit_tokens} tokens) reused"
         if self.reason == FULL_HIT:
-            return (f"No miss: {hit}; the tokens after them are computed because the last prompt "
-                    "token must always be computed to produce logits.")
+            tail = n % bs
+            if tail:
+                return (f"No miss: {hit}; the last {tail} token(s) are a partial block (fewer "
+                        f"than {bs}), and a partial block is never cached (only full blocks "
+                        "are): they are computed.")
+            return (f"No miss: {hit}; the last block is computed again: its last token is the "
+                    "prompt's last, which must be computed to produce logits, and a block is "
+                    "reused whole or not at all.")
         if self.reason == CACHING_DISABLED:
             return "Prefix caching is disabled: every prompt token is computed."
         if self.reason == TOO_SHORT:

@@ -118,6 +118,7 @@ class PoolView(QWidget):
         self.cell = "block"  # what a cell is called (set_terms)
         self.hover_label = QLabel(self._hint())
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self._mouse = None  # where the mouse is over the pool (scene), None: elsewhere
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.plot.viewport().installEventFilter(self)  # the hover text clears on leaving
         self.legend = QLabel(self._legend_html())
@@ -143,7 +144,7 @@ class PoolView(QWidget):
         "hash slot", "darker = stored earlier"; physical block ids are not published)."""
         self.cell = cell
         self.legend.setText(self._legend_html(cached))
-        self.hover_label.setText(f"hover a {cell} for details")
+        self._describe_hovered()
 
     @staticmethod
     def _legend_html(cached: str = "darker = evicted sooner") -> str:
@@ -172,7 +173,7 @@ class PoolView(QWidget):
         self.evicted = np.zeros(0, dtype=np.int64)
         self.evicted_outline.setData([], [])
         self.title.setText("<b>Block pool</b>")
-        self.hover_label.setText(self._hint())
+        self._describe_hovered()
 
     def _on_selection(self, *_) -> None:
         self.highlight(self.selection.highlighted(self.snapshot))
@@ -199,7 +200,7 @@ class PoolView(QWidget):
         if self.cols != cols:
             self._draw_outline()  # the same blocks in other cells
         self._draw_gaps()
-
+        self._describe_hovered()  # the block under the mouse, as it is at this step
     def _show_title(self) -> None:
         if self.snapshot is not None:
             title = pool_title(self.snapshot, len(self.evicted), self._title_form)
@@ -308,12 +309,21 @@ class PoolView(QWidget):
         return describe_block(self.snapshot, block, self.cell)
 
     def _on_mouse_moved(self, pos) -> None:
-        block = self.block_at(pos)
-        self.hover_label.setText(self._hint() if block is None else self.describe(block))
+        self._mouse = pos
+        self._describe_hovered()
+
+    def _describe_hovered(self) -> None:
+        """The caption: the block under the mouse in the snapshot shown (a new step or source
+        says it anew), else the hint."""
+        block = None if self._mouse is None else self.block_at(self._mouse)
+        text = self._hint() if block is None else self.describe(block)
+        if text != self.hover_label.text():
+            self.hover_label.setText(text)
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
         if event.type() == QEvent.Leave:
-            self.hover_label.setText(self._hint())
+            self._mouse = None
+            self._describe_hovered()
         return False
 
     def _on_mouse_clicked(self, event) -> None:

@@ -85,6 +85,8 @@ def label_text(node: TreeNode) -> str:
     return texts[0] if texts else ""
 
 
+HINT = ("The prefix tree of the pool: hover a node for details; wheel to zoom, drag to pan, "
+        "double-click to fit")
 FIT_PADDING = 0.08  # of the forest's extent, on each side, when fitted
 
 
@@ -117,8 +119,7 @@ class PrefixTreePanel(QWidget):
         self.plot.addItem(self.edges)
         self.plot.addItem(self.nodes)
         self.plot.addItem(self.outline, ignoreBounds=True)
-        self.info = QLabel("The prefix tree of the pool: hover a node for details; wheel to "
-                           "zoom, drag to pan, double-click to fit")
+        self.info = QLabel(HINT)
         self.info.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.info.setWordWrap(True)
         layout = QVBoxLayout(self)
@@ -144,6 +145,8 @@ class PrefixTreePanel(QWidget):
         self._rebuild = None  # the slices of a rebuild still to run (a generator)
         self._highlighted = np.zeros(0, dtype=np.int64)
         self._outline_stale = False  # True: the tree or the sizes changed under the outline
+        # the node the caption describes: ("block", its first block) or ("root", its key)
+        self._hovered: tuple[str, int] | None = None
         self.nodes.sigHovered.connect(self._on_hover)
         self.nodes.sigClicked.connect(self._on_click)
         self.vb.sigRangeChangedManually.connect(self._on_manual_range)
@@ -192,6 +195,8 @@ class PrefixTreePanel(QWidget):
         self._highlighted = np.zeros(0, dtype=np.int64)
         for label in self.labels:
             label.hide()
+        self._hovered = None
+        self._describe_hovered()
 
     def _on_selection(self, *_) -> None:
         self.highlight(self.selection.highlighted(self.latest))
@@ -253,6 +258,7 @@ class PrefixTreePanel(QWidget):
             self.fit()
         self._draw_labels()
         self.highlight(self._highlighted)
+        self._describe_hovered()  # the node hovered last, as this snapshot has it
 
     def fit(self) -> None:
         """Show the whole forest (double-click brings this back), with room above the top row
@@ -448,9 +454,31 @@ class PrefixTreePanel(QWidget):
     def _on_hover(self, item, points, ev) -> None:
         text = ""
         if len(points) and self.snapshot is not None:
-            text = node_text(self.flat[points[0].data()], self.snapshot, self.identities)
-            self.info.setText(text)
+            node = self.flat[points[0].data()]
+            self._hovered = ("root", node.key) if node.is_root else ("block", node.blocks[0])
+            text = self._describe_hovered()
         self.plot.setToolTip(text)
+
+    def _describe_hovered(self) -> str:
+        """The caption: the node hovered last as the tree shown has it (rebuilt for a new step
+        or source: said anew, or the hint where the node is gone)."""
+        node = None
+        if self._hovered is not None and self.flat:
+            kind, value = self._hovered
+            if kind == "root":
+                node = next((self.flat[i] for i in self._roots if self.flat[i].key == value),
+                            None)
+            else:
+                if self._node_of_block is None:
+                    self._node_of_block = self._block_index()
+                if value < len(self._node_of_block) and self._node_of_block[value] >= 0:
+                    node = self.flat[self._node_of_block[value]]
+        text = HINT if node is None else node_text(node, self.snapshot, self.identities)
+        if node is None:
+            self._hovered = None
+        if text != self.info.text():
+            self.info.setText(text)
+        return "" if node is None else text
 
     def _on_click(self, item, points, ev) -> None:
         if len(points):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from PySide6.QtCore import QAbstractTableModel, QRect, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -25,10 +24,10 @@ from PySide6.QtWidgets import (
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame, RequestRow, admitted
+from kvscope.app.freed_tables import FreedTable
 from kvscope.app.panels.text_panel import CACHED_BG, COMPUTED_BG
 from kvscope.app.selection import Selection
-from kvscope.engine import events as ev
-from kvscope.engine.snapshot import CACHED, Snapshot
+from kvscope.engine.snapshot import Snapshot
 
 
 def _ms(seconds: float | None) -> str:
@@ -52,7 +51,6 @@ BAR = 3  # "cached": the number on a reused | computed bar (no column of its own
 #          the table must fit its width, or a scroll bar takes a row's height)
 REUSED_COLOR, COMPUTED_COLOR = CACHED_BG, COMPUTED_BG  # the text view's shades
 WAITING_COLOR = "#a0a0a0"
-KEEP_TABLES = 2048  # block tables remembered for requests that finished (see show_block_table)
 
 
 DISPLAY, ALIGNMENT, FOREGROUND, TOOLTIP = (int(r) for r in (
@@ -229,44 +227,16 @@ class RequestsPanel(QWidget):
         layout.addWidget(split)
         self.selected: int | None = None
         self._table_shown: tuple | None = None  # what the block table shows
-        # request -> (the block table it freed, each block's hash then), from the events (every
-        # one reaches the window, unlike snapshots): a finished request's blocks are looked up
-        # again by hash. block -> its hash, kept from the events to know it at a free.
-        self.freed_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._hashes: dict[int, int] = {}
 
     def show_frame(self, frame: Frame) -> None:
-        if frame.events:
-            self._follow_blocks(frame.events)
         if frame.requests is not None:
             self.set_rows(frame.requests)
         if frame.snapshot is not None:
             self.snapshot = frame.snapshot
             self.show_block_table(self.snapshot, self.selection.request)
 
-    def _follow_blocks(self, events) -> None:
-        """Each block's hash as the events give it, and each request's blocks when it frees
-        them (tail first: reversed into table order)."""
-        hashes, freed = self._hashes, self.freed_tables
-        for e in events:
-            kind = e.kind
-            if kind == ev.CACHED:
-                hashes.update(zip(e.blocks, e.hashes[:len(e.blocks)], strict=True))
-            elif kind in (ev.EVICTED, ev.RESET, ev.UNCACHED):
-                for b in e.blocks:
-                    hashes.pop(b, None)
-            elif kind == ev.FREED and e.request_id is not None:
-                table = e.blocks[::-1]
-                freed.pop(e.request_id, None)
-                freed[e.request_id] = (np.asarray(table, dtype=np.int64),
-                                       np.asarray([hashes.get(b, 0) for b in table],
-                                                  dtype=np.uint64))
-        while len(freed) > KEEP_TABLES:
-            del freed[next(iter(freed))]
-
     def clear(self) -> None:
         self.snapshot = None
-        self.freed_tables, self._hashes = {}, {}
         self.set_rows([])
         self.show_block_table(None, self.selection.request)
 
@@ -322,9 +292,9 @@ class RequestsPanel(QWidget):
         """Called on every frame: the text is set again only when it changes."""
         if snap is None or rid is None or rid not in snap.block_tables:
             row = self._row(rid)
-            if (snap is not None and row is not None and row.state.startswith("finished")
-                    and rid in self.freed_tables):
-                self._show_finished_blocks(snap, rid)
+            freed = None if snap is None else self.selection.freed.get(rid, snap)
+            if row is not None and freed is not None:
+                self._show_freed_blocks(snap, row, freed)
                 return
             if self._table_shown != (rid,):
                 self._table_shown = (rid,)
@@ -353,39 +323,36 @@ class RequestsPanel(QWidget):
                 return r
         return None
 
-    def _show_finished_blocks(self, snap: Snapshot, rid: int) -> None:
-        """A finished request's former blocks: which still hold its KV (same hash: cached, or
-        in use by other requests) and which lost it (evicted or reset). Its last, partial
-        block never had a hash: it was freed."""
-        table, hashes = self.freed_tables[rid]
-        keeps = (hashes != 0) & (snap.block_hash[table] == hashes)
-        cached = keeps & (snap.state[table] == CACHED)
-        in_use = keeps & ~cached
-        partial = hashes == 0
-        gone = ~keeps & ~partial
-        shown = ("finished", rid, table.tobytes(), cached.tobytes(), in_use.tobytes())
+    def _show_freed_blocks(self, snap: Snapshot, row: RequestRow, freed: FreedTable) -> None:
+        """The blocks a finished (or preempted) request freed: which still hold its KV (same
+        hash: cached, or in use by other requests; outlined in the pool) and which lost it
+        (evicted or reset). Its last, partial block never had a hash: it was freed."""
+        rid, table = row.request_id, freed.blocks
+        b = freed.counts(snap)
+        shown = ("freed", rid, row.state, table.tobytes(), b["cached"].tobytes(),
+                 b["in_use"].tobytes())
         if shown == self._table_shown:
             return
         self._table_shown = shown
         cells = []
-        for i, b in enumerate(table.tolist()):
-            if cached[i]:
-                cells.append(f"<b style='color:{palette.CACHED_COLOR}'>{i}→{b}</b>")
-            elif in_use[i]:
-                cells.append(f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>")
-            elif gone[i]:
-                cells.append(f"<s style='color:{WAITING_COLOR}'>{i}→{b}</s>")
+        for i, block in enumerate(table.tolist()):
+            if b["cached"][i]:
+                cells.append(f"<b style='color:{palette.CACHED_COLOR}'>{i}→{block}</b>")
+            elif b["in_use"][i]:
+                cells.append(f"<b style='color:{palette.SHARED_COLOR}'>{i}→{block}</b>")
+            elif b["gone"][i]:
+                cells.append(f"<s style='color:{WAITING_COLOR}'>{i}→{block}</s>")
             else:
-                cells.append(f"<span style='color:{WAITING_COLOR}'>{i}→{b}·</span>")
-        n_keep = int(keeps.sum())
+                cells.append(f"<span style='color:{WAITING_COLOR}'>{i}→{block}·</span>")
+        n_keep, partial = int(b["kept"].sum()), int(b["partial"].sum())
+        did = "finished" if row.state.startswith("finished") else "freed its blocks (preempted)"
         self.block_table_title.setText(
-            f"#{rid} finished: {n_keep} of {len(table)} blocks still in the pool "
-            f"({int(cached.sum())} cached, {int(in_use.sum())} in use by others), "
-            f"{int(gone.sum())} evicted" + (f", {int(partial.sum())} partial" if partial.any()
-                                           else ""))
+            f"#{rid} {did}: {n_keep} of {len(table)} blocks still in the pool "
+            f"({int(b['cached'].sum())} cached, {int(b['in_use'].sum())} in use by others), "
+            f"{int(b['gone'].sum())} evicted" + (f", {partial} partial" if partial else ""))
         self.block_table_title.setToolTip(
-            "The blocks this request freed when it finished, looked up again by hash: green, "
-            "still cached (a later prompt with the same prefix reuses it); orange, in use by "
-            "other requests; struck out, evicted (its hash dropped, the block reused or "
+            "The blocks this request freed, looked up again by hash (outlined in the pool): "
+            "green, still cached (a later prompt with the same prefix reuses it); orange, in use "
+            "by other requests; struck out, evicted (its hash dropped, the block reused or "
             "freed); grey with a dot, its last, partial block (never cached)")
         self.block_table.setHtml(" ".join(cells))

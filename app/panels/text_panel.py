@@ -1,12 +1,13 @@
 """Text: the selected request's prompt and output, cut at token boundaries. The prompt tokens
-that came from the prefix cache are shaded apart from those computed for it, a thin tick marks
-where each block starts, and the output streams in as steps arrive. At a past step the output
+that came from the prefix cache are shaded apart from those computed for it, a thin tick drawn
+between two glyphs marks where each block starts (the text itself is left as it is), and the
+output streams in as steps arrive. At a past step the output
 is shown as far as it had come; without recorded text, token counts and blocks only."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtGui import QColor, QPainter, QPen, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QTextEdit, QVBoxLayout, QWidget
 
 from kvscope.app import palette
@@ -24,10 +25,10 @@ CACHED_BG = tint(palette.CACHED_COLOR)  # prompt tokens served from the prefix c
 COMPUTED_BG = tint(palette.PREFILL_COLOR)  # prompt tokens computed (prefill)
 OUTPUT_BG = tint(palette.DECODE_COLOR)  # generated tokens (decode)
 TICK_COLOR = "#303030"
-TICK = "\u258f"  # ▏ where a block starts
+TICK = "\u258f"  # ▏ the legend's sign for a block start (the view draws a line, not this)
 NEWLINE = "\u2028"  # a newline of a prompt or output: a line break that keeps its format
 KIND = QTextCharFormat.UserProperty + 1  # what a span of the document is: see the constants
-CACHED, COMPUTED, OUTPUT, BOUNDARY, PLAIN = "cached", "computed", "output", "boundary", "plain"
+CACHED, COMPUTED, OUTPUT, PLAIN = "cached", "computed", "output", "plain"
 KEEP_TEXTS = 64  # texts kept for requests selected before (a step back needs no new ask)
 
 
@@ -38,6 +39,43 @@ def _swatch(color: str, label: str) -> str:
 LEGEND = " ".join([_swatch(CACHED_BG, "from the cache"), _swatch(COMPUTED_BG, "computed"),
                    _swatch(OUTPUT_BG, "output"),
                    f"<span style='color:{TICK_COLOR}'>{TICK}</span> block start"])
+
+
+class TickedText(QTextEdit):
+    """A read-only text view that draws a thin tick at each of `ticks` (document positions: a
+    block's first character), between that glyph and the one before, over the text: the
+    document holds the text alone."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.ticks: list[int] = []
+
+    def clear(self) -> None:
+        self.ticks = []
+        super().clear()
+
+    def tick_rects(self) -> list:
+        """Where each tick is drawn (viewport coordinates): a line's height at the left edge of
+        the block's first glyph."""
+        cursor = QTextCursor(self.document())
+        rects = []
+        for pos in self.ticks:
+            cursor.setPosition(pos)
+            rects.append(self.cursorRect(cursor))
+        return rects
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().paintEvent(event)
+        if not self.ticks:
+            return
+        painter = QPainter(self.viewport())
+        painter.setPen(QPen(QColor(TICK_COLOR), 1))
+        shown = event.rect()
+        for r in self.tick_rects():
+            if r.intersects(shown):
+                painter.drawLine(r.left(), r.top() + 1, r.left(), r.bottom())
+        painter.end()
 
 
 class TextPanel(QWidget):
@@ -59,8 +97,7 @@ class TextPanel(QWidget):
         self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
         self.legend.setToolTip("Prompt tokens served from the prefix cache were not computed "
                                "again; a tick marks where each block of the KV cache starts")
-        self.view = QTextEdit()
-        self.view.setReadOnly(True)
+        self.view = TickedText()
         self.view.setMinimumHeight(2 * self.fontMetrics().lineSpacing())
         self.view.setPlaceholderText("Select a request to see its prompt and output")
         layout = QVBoxLayout(self)
@@ -168,11 +205,11 @@ class TextPanel(QWidget):
         self.title.setToolTip(self.title.text())
 
     # -------------------------------------------------------------- tokens
-    @staticmethod
-    def _insert_tokens(cursor, pieces, first: int, cached: int, bs: int, shaded: bool,
+    def _insert_tokens(self, cursor, pieces, first: int, cached: int, bs: int, shaded: bool,
                        output: bool = False) -> None:
-        """Pieces of the tokens at positions first, first + 1, ...: runs of one kind inserted
-        at once, a tick before each block's first token (position % bs == 0, past the first)."""
+        """Pieces of the tokens at positions first, first + 1, ...: runs of one kind and block
+        inserted at once (each run's tooltip names its block), a tick at each block's first
+        token (position % bs == 0, past the first)."""
         run, kind = [], None
         for i, piece in enumerate(pieces):
             pos = first + i
@@ -180,14 +217,17 @@ class TextPanel(QWidget):
                 else PLAIN
             boundary = bs and pos % bs == 0 and pos > 0
             if run and (k != kind or boundary):
-                cursor.insertText("".join(run).replace("\n", NEWLINE), _format(kind))
+                cursor.insertText("".join(run).replace("\n", NEWLINE), _format(kind, block=(
+                    pos - 1) // bs if bs else None))
                 run = []
             if boundary:
-                cursor.insertText(TICK, _tick(pos // bs, pos, k))
+                self.view.ticks.append(cursor.position())
             run.append(piece)
             kind = k
         if run:
-            cursor.insertText("".join(run).replace("\n", NEWLINE), _format(kind))
+            pos = first + len(pieces) - 1
+            cursor.insertText("".join(run).replace("\n", NEWLINE),
+                              _format(kind, block=pos // bs if bs else None))
 
     def _insert_output(self, cursor, pieces, prompt_tokens: int, bs: int) -> None:
         self._insert_tokens(cursor, pieces, prompt_tokens, 0, bs, True, output=True)
@@ -205,8 +245,7 @@ class TextPanel(QWidget):
         if at_end:
             bar.setValue(bar.maximum())  # streaming in: follow it, unless the user scrolled up
 
-    @staticmethod
-    def _insert_block_spans(cursor, prompt: int, cached: int, n_out: int, bs: int,
+    def _insert_block_spans(self, cursor, prompt: int, cached: int, n_out: int, bs: int,
                             looked_up: bool) -> None:
         """Without text: each block as its token range, shaded as its tokens would be."""
         def block_spans(lo: int, hi: int, kind_of) -> None:
@@ -214,8 +253,8 @@ class TextPanel(QWidget):
             while pos < hi:
                 end = min(hi, (pos // bs + 1) * bs)
                 if pos % bs == 0 and pos > 0:
-                    cursor.insertText(TICK, _tick(pos // bs, pos, kind_of(pos)))
-                cursor.insertText(f" {pos}–{end - 1} ", _format(kind_of(pos)))
+                    self.view.ticks.append(cursor.position())
+                cursor.insertText(f" {pos}–{end - 1} ", _format(kind_of(pos), block=pos // bs))
                 pos = end
 
         cursor.insertText(f"Prompt: {prompt:,} tokens in {-(-prompt // bs)} blocks of {bs}\n",
@@ -229,7 +268,8 @@ class TextPanel(QWidget):
 _BG = {CACHED: CACHED_BG, COMPUTED: COMPUTED_BG, OUTPUT: OUTPUT_BG}
 
 
-def _format(kind: str, italic: bool = False) -> QTextCharFormat:
+def _format(kind: str, italic: bool = False, block: int | None = None) -> QTextCharFormat:
+    """block: the KV block the text's tokens are in (its tooltip says so)."""
     fmt = QTextCharFormat()
     fmt.setProperty(KIND, kind)
     if kind in _BG:
@@ -237,19 +277,8 @@ def _format(kind: str, italic: bool = False) -> QTextCharFormat:
         fmt.setBackground(QColor(_BG[kind]))
     if italic:
         fmt.setFontItalic(True)
-    return fmt
-
-
-def _tick(block: int, pos: int, kind: str) -> QTextCharFormat:
-    """A thin tick on the shade of the token it comes before, so it never reads as a space."""
-    fmt = QTextCharFormat()
-    fmt.setProperty(KIND, BOUNDARY)
-    fmt.setForeground(QColor(TICK_COLOR))
-    if kind in _BG:
-        fmt.setBackground(QColor(_BG[kind]))
-    fmt.setFontLetterSpacingType(QFont.AbsoluteSpacing)
-    fmt.setFontLetterSpacing(-3)  # narrower than a letter: a mark between two, not a gap
-    fmt.setToolTip(f"block {block} starts here (token {pos})")
+    if block is not None:
+        fmt.setToolTip(f"block {block} (a tick marks where each block starts)")
     return fmt
 
 

@@ -129,6 +129,10 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.dead_curve = self.series["dead"].items[0]
         self.hit_curve = self._own_series("hit", self.hit_plot, palette.CACHED_COLOR, "hit %")
         self.markers = EventMarkers(self.time_plot)  # after the curves: drawn over them
+        # Undrawn, the steps' x extent (no y): following the newest step, the x range is fitted
+        # to the time plot's lines, and an attached server shows none there (no forward times).
+        self.extent = pg.PlotCurveItem(pen=pg.mkPen(None))
+        self.time_plot.addItem(self.extent)
         self.time_plot.addItem(self.region)
         self.readout.setText(self.legend)
         self.cursors, self.hover_lines = [], []
@@ -150,7 +154,8 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self._drawn_at = -np.inf
         self._flush = QTimer(self, singleShot=True, interval=int(MAX_WAIT_S * 1000))
         self._flush.timeout.connect(self._redraw)
-        self._batch_top = self._tokens_top = 0.0
+        self._batch_top = 0.0
+        self._readout_of = readout  # the readout's words (set_readout)
         self._shown: tuple | None = None  # what the curves hold: (follow, first, end, width)
         self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
         self.time_plot.vb.sigResized.connect(self._on_x_range)
@@ -321,6 +326,8 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
             end = min(len(x), int(np.searchsorted(x, hi, side="right")) + 1)
         width = max(1, int(vb.width()))
         self._shown = (follow, first, end, width)
+        self.extent.setData(x[[first, end - 1]] if end > first else [],  # y: none (NaN)
+                            np.full(2, np.nan) if end > first else [])
         per_pixel = (end - first) // width
         columns = None
         bars = {self.total_curve: self.total_bars, self.prefill_curve: self.prefill_bars}
@@ -351,10 +358,8 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
             self._batch_top = top
             self.batch_view.setYRange(0, top, padding=0.05)
         shown = next(ys for c, _, ys in series if c is self.tokens_curve)
-        top = max(1.0, float(np.max(shown))) if len(shown) else 1.0
-        if top != self._tokens_top:  # from 0: a steady 1,024 tokens is not "1023.5 to 1024.5"
-            self._tokens_top = top
-            self.token_plot.setYRange(0, top, padding=0.05)
+        self._tokens_shown = float(np.max(shown)) if len(shown) else 0.0
+        self._fit_tokens_axis()
 
     def _on_x_range(self, *_) -> None:
         """Zoomed or panned (or resized): the curves get the steps now in view."""
@@ -389,8 +394,13 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
                 line.setValue(self.x[i])
         self._hovering = i is not None or self._hovering
         if i is not None:
-            self.readout.setText(readout(self.data, i,
-                                         self.markers.at(int(self.data["step"][i]))))
+            self.readout.setText(self._readout_of(self.data, i,
+                                                  self.markers.at(int(self.data["step"][i]))))
+
+    def set_readout(self, text_of=None) -> None:
+        """What the readout says at the step under the mouse: text_of(data, i, events), in the
+        words of what is shown (an attached server's); None: every own curve's value."""
+        self._readout_of = text_of or readout
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
         if event.type() == QEvent.ContextMenu:

@@ -53,6 +53,8 @@ class SeriesPlots:
         self.series: dict[str, Series] = {}
         self.grids: list[Grid] = []
         self._default_titles: dict[str, str] = {}
+        self._default_tips: dict[str, str] = {}
+        self._tokens_shown = self._tokens_top = 0.0  # the tokens plot's highest value in view
         self._hovering = False  # the readout shows a step's values, not the legend
 
     # ------------------------------------------------------------------ plots
@@ -69,6 +71,7 @@ class SeriesPlots:
             p.getAxis("left").setTicks([[(v, str(v)) for v in ticks]])
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
+        self._default_tips[name] = tip
         self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
         for axis in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
             p.getAxis(axis).enableAutoSIPrefix(False)
@@ -100,6 +103,22 @@ class SeriesPlots:
         axis = self.plots[plot].getAxis("left")
         axis.setLabel(self._default_titles[plot] if text is None else text)
         axis.showLabel(self._tall())  # setLabel shows it: a short dock has no room
+
+    def set_plot_tip(self, plot: str, text: str | None = None) -> None:
+        """The plot's tooltip, what its lines are (None: its own)."""
+        self.plots[plot].setToolTip(self._default_tips[plot] if text is None else text)
+
+    def _fit_tokens_axis(self) -> None:
+        """The tokens plot from 0 (a steady 1,024 tokens is not "1023.5 to 1024.5") to the top
+        of what it shows: the tokens in view, and the series of other owners shown on it (an
+        attached server's stored and removed blocks), never clipped."""
+        tops = [self._tokens_shown if self.series["tokens"].visible else 0.0]
+        tops += [float(s.values.max()) for s in self.series.values()
+                 if s.plot == "tokens" and not s.own and s.visible and len(s.values)]
+        top = max(1.0, *tops)
+        if top != self._tokens_top:
+            self._tokens_top = top
+            self.plots["tokens"].setYRange(0, top, padding=0.05)
 
     def show_batch_axis(self, shown: bool) -> None:
         """The tokens plot's right axis, the batch size's scale (hidden where there are no
@@ -158,6 +177,8 @@ class SeriesPlots:
         self._set(s, steps, values)
         if s.in_legend != listed:
             self._legend_changed()
+        if s.plot == "tokens":
+            self._fit_tokens_axis()
 
     def _set(self, s: Series, steps, values) -> None:
         s.steps = np.asarray(steps, dtype=np.float64)
@@ -175,6 +196,8 @@ class SeriesPlots:
         for item in s.items:
             item.setVisible(visible)
         self._legend_changed()
+        if s.plot == "tokens":
+            self._fit_tokens_axis()
 
     def set_series_label(self, name: str, label: str | None = None) -> None:
         """What the legend calls the series (None: its own label)."""

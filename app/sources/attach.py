@@ -14,7 +14,8 @@ class AttachSource(FrameSource):
     """A vLLM or SGLang server's KV events (or `kvscope serve --kv-events`): its cache mirrored
     as hash slots (physical block ids are not published), one step per tick, on a thread of its
     own (`AttachSession`). Problems (nothing arrives, not KV events, metrics unreadable) go to
-    `on_problem` one line each; the last `HISTORY` steps can be looked at again."""
+    `on_problem` one line each, and to `on_resolved` once they no longer hold (events came
+    after all); the last `HISTORY` steps can be looked at again."""
 
     live = True
     attached = True
@@ -30,13 +31,16 @@ class AttachSource(FrameSource):
         self.record_path = record or None
         self.read_only = ATTACHED_READ_ONLY
         self.on_problem = None  # called with each problem, one line
+        self.on_resolved = None  # called with a problem said before that no longer holds
         self.session.start()
 
     def take_frame(self) -> Frame | None:
         s = self.session
-        for problem in s.take_problems():
-            if self.on_problem is not None:
-                self.on_problem(problem)
+        for said, tell in ((s.take_problems(), self.on_problem),
+                           (s.take_resolved(), self.on_resolved)):
+            for problem in said:
+                if tell is not None:
+                    tell(problem)
         updates, metrics = s.take_updates()
         if not updates:
             return None
@@ -68,8 +72,9 @@ class AttachSource(FrameSource):
                                f"last {len(kept)} steps; a recording keeps all of them)")
         return Frame(snapshot=kept[step], requests=[])
 
-    def health(self) -> tuple[str, list[str], bool]:
-        """(one line for the status bar, every line, True when nothing was missed)."""
+    def health(self) -> tuple[str, list[str], bool | None]:
+        """(one line for the status bar, every line, True when nothing was missed; None while
+        nothing has arrived)."""
         s = self.session
         with s.lock:
             return s.health_short, list(s.health_lines), s.healthy

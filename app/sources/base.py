@@ -23,7 +23,7 @@ MAX_EVENTS = 20_000  # events kept to show again (the event log keeps as many)
 
 
 class FrameSource:
-    name = ""  # for the status bar
+    name = ""  # for the status bar: what is shown (a replay's: the file and its model)
     read_only: str | None = None  # why submitting and cancelling are off (None: they are on)
     live = False  # has a newest step that moves on (the window can follow it)
     attached = False  # shows an attached server's cache (hash slots, not physical blocks)
@@ -64,9 +64,9 @@ class FrameSource:
         """The status bar's line for `snap` (None: the window's own)."""
         return None
 
-    def health(self) -> tuple[str, list[str], bool] | None:
-        """(one line for the status bar, every line, True when nothing was missed); None for a
-        source that cannot miss anything."""
+    def health(self) -> tuple[str, list[str], bool | None] | None:
+        """(one line for the status bar, every line, True when nothing was missed, None while
+        nothing has arrived); None for a source that cannot miss anything."""
         return None
 
     def describe_slot(self, slot: int) -> str | None:

@@ -16,7 +16,7 @@ class ReplaySource(FrameSource):
 
     def __init__(self, reader: SessionReader):
         self.reader = reader
-        self.name = reader.path.name
+        self.name = f"{reader.path.name} · {reader.meta.model_name or '?'}"
         self.read_only = READ_ONLY
         # (published step, event) of the lifecycle kinds: a request added between steps N and
         # N+1 is stamped N but published, and replayed, with N+1
@@ -94,8 +94,13 @@ class ReplaySource(FrameSource):
             elif life.finished:
                 state = f"finished: {life.reason}"
                 outputs = r.output_tokens or 0
-            # A request's row is written when it finishes: before, its admission says.
-            cached = r.cached_tokens if r.cached_tokens is not None else life.cached_tokens
+            # A request's row is written when it finishes: before, its admission says (a forked
+            # sample's, its parent's: it is never admitted, it shares its parent's prompt).
+            cached = r.cached_tokens
+            if cached is None:
+                parent = lifecycles.get(r.parent_id) if r.parent_id is not None else None
+                cached = (parent if parent is not None and not life.admitted
+                          else life).cached_tokens
             rows.append(RequestRow.new(
                 rid, state, r.prompt_tokens, cached_tokens=0 if life.just_arrived else cached,
                 output_tokens=outputs, ttft_s=r.ttft_s if outputs else None,

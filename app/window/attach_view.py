@@ -5,6 +5,7 @@ usage, TTFT and ITL from the server's metrics). The panels themselves are not ch
 
 from __future__ import annotations
 
+import bisect
 import html
 
 from PySide6.QtCore import Signal
@@ -22,16 +23,28 @@ from PySide6.QtWidgets import (
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
+from kvscope.app.panels.pool_view import TITLE_TIP
 from kvscope.engine import events as ev
 from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS
 
 SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
               "not published); darker = stored earlier")
-HEALTHY, UNHEALTHY = "#1a7f37", palette.EVICTED_COLOR
+HEALTHY, WAITING, UNHEALTHY = "#1a7f37", "#b06f00", palette.EVICTED_COLOR  # green, amber, red
 # the timeline's own series that mean nothing for an attached server, and what others mean there
 ENGINE_ONLY = ("prefill", "decode", "tokens", "active")
 ATTACH_LABELS = {"cached": "resident (cached)", "free": "free slots",
                  "hit": "hit % (metrics)"}
+# what the timeline's plots show for an attached server (their tooltips)
+ATTACH_TIPS = {
+    "time": "TTFT and ITL from the server's metrics (an attached server publishes no forward "
+            "times)",
+    "tokens": "Blocks the server stored (green) and removed (vermilion) in each step, from its "
+              "KV events; preemptions (dashed, from its metrics)",
+    "blocks": "Resident blocks (green: the block hashes the server holds) and free hash slots "
+              "(grey) after each step",
+    "hit": "KV usage and prefix-cache hit rate, from the server's metrics"}
+POOL_TIP = ("Hash slots: each cell is a block hash the server holds (resident) or an empty slot; "
+            "physical block ids are not published")
 
 
 class AttachDialog(QDialog):
@@ -112,9 +125,12 @@ class HealthLabel(QLabel):
         self.clicked.emit()
         super().mousePressEvent(event)
 
-    def show_health(self, short: str, lines: list[str], ok: bool) -> None:
-        self.setText(("● " if ok else "▲ ") + short)
-        self.setStyleSheet(f"color: {HEALTHY if ok else UNHEALTHY}; padding: 0 4px")
+    def show_health(self, short: str, lines: list[str], ok: bool | None) -> None:
+        """ok: nothing missed (green); None: nothing arrived yet (amber); False: something was
+        missed (red)."""
+        self.setText({True: "● ", None: "○ ", False: "▲ "}[ok] + short)
+        color = {True: HEALTHY, None: WAITING, False: UNHEALTHY}[ok]
+        self.setStyleSheet(f"color: {color}; padding: 0 4px")
         self.setToolTip("Mirror health (click for details):\n" + "\n".join(lines))
 
 
@@ -160,7 +176,11 @@ class AttachOverlay:
             self.w.pool.set_terms("hash slot", "darker = stored earlier")
         else:
             self.w.pool.set_terms()
+        self.w.pool.title.setToolTip(POOL_TIP if self.active else TITLE_TIP)
         self.health.setVisible(source.attached)
+        if source.attached:  # its problems in the banner, until they no longer hold
+            source.on_problem = self._problem
+            source.on_resolved = self._resolved
         tl = self.w.timeline
         for name in self.curves:
             tl.show_series(name, self.active)
@@ -172,6 +192,41 @@ class AttachOverlay:
         for name, label in ATTACH_LABELS.items():
             tl.set_series_label(name, label if self.active else None)
         tl.set_axis_label("tokens", "per step" if self.active else None)
+        for plot, tip in ATTACH_TIPS.items():
+            tl.set_plot_tip(plot, tip if self.active else None)
+        tl.set_readout(self.readout if self.active else None)
+
+    def _banner_text(self, problem: str) -> str:
+        return f"Attached to {self.w.source.name}: {problem}"
+
+    def _problem(self, problem: str) -> None:
+        self.w.banner.show_error(self._banner_text(problem))
+
+    def _resolved(self, problem: str) -> None:
+        banner = self.w.banner
+        if banner.isVisible() and banner.label.text() == self._banner_text(problem):
+            banner.hide()
+
+    def readout(self, data, i: int, events: list[str]) -> str:
+        """The timeline's readout at sample i, in the words of an attached server."""
+        step = int(data["step"][i])
+        text = (f"step {step} (at {data['start_s'][i] - data['start_s'][0]:.3f} s) · stored "
+                f"{self._at('stored', step):.0f} · removed {self._at('removed', step):.0f} · "
+                f"resident {int(data['cached'][i])} · free slots {int(data['free'][i])}")
+        if self._at("preemptions", step):
+            text += f" · preemptions {self._at('preemptions', step):.0f}"
+        for name, words in (("kv_usage", "KV usage {:.0f} %"), ("ttft", "TTFT {:.1f} ms"),
+                            ("itl", "ITL {:.1f} ms"), ("hit_rate", "hit {:.0f} %")):
+            value = self._at(name, step, None)
+            if value is not None:
+                text += " · " + words.format(value)
+        return text + "".join(f" · {e}" for e in events)
+
+    def _at(self, name: str, step: int, missing=0):
+        """A series' value at a step (missing: none there)."""
+        xs, ys = self.data[name]
+        i = bisect.bisect_left(xs, step)
+        return ys[i] if i < len(xs) and xs[i] == step else missing
 
     # --------------------------------------------------------------- frames
     def after_frame(self, frame: Frame) -> None:

@@ -61,6 +61,7 @@ class FramePump:
     def show(self, frame: Frame) -> None:
         """The one path from a source to the panels."""
         w = self.w
+        w.selection.freed.follow(frame.events)  # before the panels: they outline from it
         if frame.snapshot is not None:
             w.snapshot = frame.snapshot
         for panel in w.panels.values():

@@ -210,7 +210,6 @@ class MainWindow(QMainWindow):
         except ValueError as e:
             self.banner.show_error(f"Cannot attach: {e}")
             return False
-        source.on_problem = lambda text: self.banner.show_error(f"Attached to {endpoint}: {text}")
         self.open_source(source)
         self.recording_label.setText(f"● recording {Path(record).name}" if record else "")
         return True

@@ -27,7 +27,7 @@ class StatusLine(QLabel):
             self.setText(own)
             return
         if not source.live:
-            self.setText(f"replay · {source.name} · {source.settings()['model']} · {usage}")
+            self.setText(f"replay · {source.name} · {usage}")  # the name says the model
             return
         if cursor is not None:
             usage = f"history, newest step {source.step_range()[1]} (End follows live) · {usage}"

@@ -7,7 +7,8 @@ driven in ticks (one step each) on the caller's thread (`run`) or a thread of it
     print(s.summary())
 
 What a window needs is read under `lock`: `latest` (the newest snapshot), `take_updates()`,
-`health_short`/`health_lines`/`healthy`, and `take_problems()` (one line each, for a banner).
+`health_short`/`health_lines`/`healthy` (None while nothing has arrived), `take_problems()` (one
+line each, for a banner) and `take_resolved()` (the problems said that no longer hold).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class AttachSession:
         self._updates: list = []  # StepUpdates not taken yet
         self._metrics: list[tuple[int, dict]] = []  # (step, metrics delta) not taken yet
         self._problems: list[str] = []
-        self._said: set[str] = set()
-        self.health_short, self.health_lines, self.healthy = "mirror: waiting for events", [], True
+        self._said: dict[str, str] = {}  # key -> the problem said
+        self._resolved: list[str] = []
+        self.health_short, self.health_lines = "mirror: waiting for events", []
+        self.healthy: bool | None = None  # True: nothing missed; None: nothing arrived yet
         self.root_names: dict[int, str] = {}  # the tree's identity roots -> labels (slots.roots)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,7 +180,11 @@ class AttachSession:
             self._problem(
                 f"No KV events from {self.endpoint} after {self.silent_s:g} s ({got} messages): "
                 "is the server publishing (--kv-events-config with \"publisher\": \"zmq\"), and "
-                "are the address and topic right? Still listening.")
+                "are the address and topic right? Still listening.", key="silent")
+        elif h.first_seq and self._said.get("silent"):  # events came after all
+            with self.lock:
+                self._resolved.append(self._said["silent"])
+            self._said["silent"] = ""  # said and resolved: never said again
         if h.bad_messages:
             last = h.notes[-1] if h.notes else ""
             self._problem(f"{self.endpoint} sends messages that are not KV events "
@@ -186,16 +193,16 @@ class AttachSession:
     def _problem(self, text: str, key: str | None = None) -> None:
         key = key or text
         if key not in self._said:
-            self._said.add(key)
+            self._said[key] = text
             with self.lock:
                 self._problems.append(text)
 
-    def _short_health(self) -> tuple[str, bool]:
+    def _short_health(self) -> tuple[str, bool | None]:
         h = self.mirror.health
         lost = h.lost + h.bad_messages + h.restarts + h.orphans + self.slots.num_overflow + \
             len(h.unsure)
-        if not h.first_seq:
-            return "mirror: no events yet", h.bad_messages == 0
+        if not h.first_seq:  # nothing missed, nothing arrived either: not healthy yet
+            return "mirror: no events yet", None if h.bad_messages == 0 else False
         late = [s for s in h.first_seq.values() if s > 0]
         coverage = "from seq 0" if not late else f"from seq {min(late)}"
         return (f"mirror: gaps {h.gaps} (repaired {h.repaired}) · replayed {h.replayed} · "
@@ -225,6 +232,12 @@ class AttachSession:
         with self.lock:
             problems, self._problems = self._problems, []
         return problems
+
+    def take_resolved(self) -> list[str]:
+        """The problems said (take_problems) that no longer hold, since the last call."""
+        with self.lock:
+            resolved, self._resolved = self._resolved, []
+        return resolved
 
     def summary(self) -> str:
         lines = self.mirror.summary().splitlines()

@@ -81,7 +81,7 @@ def test_a_finished_requests_block_table_lists_what_the_pool_still_holds(window,
     step(window, qtbot, 2)  # finished: its full blocks are cached
     click(requests, qtbot, 0)
     title = requests.block_table_title
-    n_blocks = len(requests.freed_tables[0][0])
+    n_blocks = len(window.selection.freed.get(0).blocks)
     full = (requests.model.rows[0].prompt_tokens + 1) // 16  # the last one is partial
     qtbot.waitUntil(lambda: title.text().startswith("#0 finished"))
     assert f"{full} of {n_blocks} blocks still in the pool ({full} cached" in title.text()

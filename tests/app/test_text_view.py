@@ -12,7 +12,6 @@ from window_testutil import open_replay, step
 
 from kvscope.app.frames import NO_TEXT
 from kvscope.app.panels.text_panel import (
-    BOUNDARY,
     CACHED,
     CACHED_BG,
     COMPUTED,
@@ -20,7 +19,6 @@ from kvscope.app.panels.text_panel import (
     OUTPUT,
     OUTPUT_BG,
     PLAIN,
-    TICK,
     text_of,
 )
 from kvscope.app.window.main_window import MainWindow
@@ -46,8 +44,7 @@ def click_row(window, qtbot, rid) -> None:
 
 
 def backgrounds(document) -> dict[str, str]:
-    """Background colour -> the text drawn on it, read from the document's char formats (block
-    ticks, drawn on the shade of the token they come before, left out)."""
+    """Background colour -> the text drawn on it, read from the document's char formats."""
     out: dict[str, str] = {}
     block = document.begin()
     while block.isValid():
@@ -57,7 +54,7 @@ def backgrounds(document) -> dict[str, str]:
             fmt = frag.charFormat()
             if fmt.background().style() != Qt.NoBrush:
                 color = fmt.background().color().name()
-                out[color] = out.get(color, "") + frag.text().replace(TICK, "")
+                out[color] = out.get(color, "") + frag.text()
             it += 1
         block = block.next()
     return out
@@ -97,7 +94,7 @@ def test_live_text_shades_the_cached_prompt_and_the_output_streams_in(window, qt
     assert CACHED_BG != COMPUTED_BG != OUTPUT_BG
     shown_out = row.output_tokens
     ticks = ticks_before(row.prompt_tokens + shown_out)
-    assert text_of(doc, BOUNDARY) == TICK * ticks
+    assert len(window.text.view.ticks) == ticks  # drawn over the text, not in it
     first_out = text_of(doc, OUTPUT)
     assert first_out and colours[OUTPUT_BG].replace("\u2028", "\n") == first_out
 
@@ -184,7 +181,7 @@ def test_replay_with_text_shows_it_shaded_and_the_output_as_of_the_step(qtbot, t
     assert backgrounds(doc)[CACHED_BG] == "".join(pieces[:cached])
     assert text_of(doc, COMPUTED) == "".join(pieces[cached:])
     assert text_of(doc, OUTPUT) == rec.output_text and rec.output_tokens == 8
-    assert text_of(doc, BOUNDARY) == TICK * ticks_before(rec.prompt_tokens + 8)
+    assert len(w.text.view.ticks) == ticks_before(rec.prompt_tokens + 8)
 
     w.replay_bar.set_step(last - 4)  # four output tokens fewer at that step
     qtbot.waitUntil(lambda: row_of(w, 1).output_tokens == 4)
@@ -210,5 +207,5 @@ def test_replay_without_text_shows_counts_blocks_and_a_note(qtbot, tmp_path, ses
     assert text_of(doc, CACHED).split() == [f"{i}–{i + BS - 1}" for i in range(0, cached, BS)]
     assert text_of(doc, COMPUTED).split()[-1] == f"{(n - 1) // BS * BS}–{n - 1}"
     assert f"{n:,} tokens" in w.text.title.text()
-    assert text_of(doc, BOUNDARY) == TICK * ticks_before(n + rec.output_tokens)
+    assert len(w.text.view.ticks) == ticks_before(n + rec.output_tokens)
     w.close()
