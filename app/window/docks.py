@@ -82,6 +82,9 @@ class Docks:
         self.panels: dict[str, Panel] = {name: row.make(selection)
                                          for name, row in self.rows.items()}
         self.docks: dict[str, QDockWidget] = {}
+        # The right column reaches down to the status bar, beside the timeline: its tabs (tree,
+        # capacity, device; details, text) get the height they need to be read at 1280x720.
+        window.setCorner(Qt.BottomRightCorner, RIGHT)
         for name, row in self.rows.items():
             if row.area is None:
                 continue

@@ -2,7 +2,7 @@
 tests/offscreen_screens.json, the mouse put on one as a user's is): the first launch, a replay,
 a lab replay, an attached server, docks floated and docked again, Reset layout and a relaunch
 never make it (or what it asks for) wider or taller than the screen's free area; a saved layout
-that does not fit is not restored."""
+that does not fit is not restored. In the first layout every panel gets what it needs to be read."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QEvent, QPoint, QPointF, QSettings, QSize, Qt
+from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, QSettings, QSize, Qt
 from PySide6.QtGui import QCursor, QGuiApplication, QMouseEvent
 from PySide6.QtWidgets import QApplication
+from test_layout import rows
+from test_side_panels_fit import click_tab
 
 from kvscope.app.sources.lab import LabSource
 from kvscope.app.window.main_window import MainWindow
@@ -128,4 +130,52 @@ def test_a_saved_layout_that_does_not_fit_the_screen_is_not_restored(qtbot, tmp_
     requests = again.docks["requests"].width()
     assert abs(requests - 0.33 * again.width()) < 40, requests  # the default share, not 900 px
     again.close()
+
+
+def inside(widget, outer) -> bool:
+    """widget lies wholly inside outer's rectangle, as drawn."""
+    return outer.rect().contains(QRect(widget.mapTo(outer, QPoint(0, 0)), widget.size()))
+
+
+def lines(widget) -> float:
+    return widget.height() / widget.fontMetrics().lineSpacing()
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["first launch", "Reset layout"])
+def test_every_panel_can_be_read_in_the_first_layout(qtbot, tmp_path, screen, reset):
+    """The layout a newcomer gets on this screen: at least 5 request rows, Details' help whole
+    above an answer of several lines, Capacity's four results unscrolled and its table one
+    scroll away, Device's two charts tall enough to read, their titles apart."""
+    w = launch(qtbot, tmp_path / "kvscope.ini")
+    w.frame_timer.stop()
+    if reset:
+        w.act_reset_layout.trigger()
+    assert_fits(qtbot, w, screen, "launch")
+    w.requests.set_rows(rows(12))
+    table = w.requests.table
+    qtbot.waitUntil(lambda: sum(
+        table.rowViewportPosition(r) >= 0 and table.rowViewportPosition(r) + table.rowHeight(r)
+        <= table.viewport().height() for r in range(12)) >= 5)
+    details = w.details
+    assert details.help.isVisible() and not details.help_area.verticalScrollBar().isVisible()
+    assert lines(details.text.viewport()) >= 4, lines(details.text.viewport())
+    cap = w.capacity
+    click_tab(qtbot, w, "Capacity")
+    qtbot.waitUntil(lambda: not w.docks["capacity"].visibleRegion().isEmpty())
+    for label in (cap.bytes_per_token_label, cap.tokens_fit_label, cap.bytes_per_request_label,
+                  cap.requests_fit_label):
+        assert inside(label, cap.scroll.viewport()), label.text()  # shown without scrolling
+    cap.scroll.ensureWidgetVisible(cap.table)
+    qtbot.wait(20)
+    assert inside(cap.table, cap.scroll.viewport())  # the table, whole, one scroll away
+    device = w.device
+    click_tab(qtbot, w, "Device")
+    qtbot.waitUntil(lambda: not w.docks["device"].visibleRegion().isEmpty())
+    charts, titles = QRectF(device.glw.rect()).adjusted(-2, -2, 2, 2), []
+    for plot in (device.memory_plot, device.lower_plot):
+        assert plot.vb.height() >= 70, plot.vb.height()  # px of data
+        label = plot.getAxis("left").label  # its rotated title
+        titles.append(label.mapRectToScene(label.boundingRect()))
+        assert charts.contains(titles[-1]), (titles[-1], charts)  # drawn whole
+    assert titles[0].bottom() <= titles[1].top(), titles  # one above the other, apart
 
