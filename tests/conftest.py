@@ -3,8 +3,12 @@ import os
 
 import pytest
 
-# Set before anything imports Qt or decorates triton kernels.
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Set before anything imports Qt or decorates triton kernels. The offscreen platform gets the
+# screens of offscreen_screens.json: the primary one, large enough for every test's window, and a
+# 1280x720 and a 1600x1000 one far off it, for the tests of a window that fits its screen.
+if os.environ.setdefault("QT_QPA_PLATFORM", "offscreen") == "offscreen":
+    os.environ["QT_QPA_PLATFORM"] = "offscreen:configfile=" + os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "offscreen_screens.json")
 try:
     import torch
 

@@ -49,6 +49,7 @@ class DevicePanel(QWidget, FrameIndependent):
         self.summary_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
+        self.glw.ci.setContentsMargins(4, 2, 4, 0)  # the charts' height goes to the data
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(3)
@@ -80,8 +81,9 @@ class DevicePanel(QWidget, FrameIndependent):
                 self.curves[f"util{i}"] = self.lower_plot.plot(
                     pen=pg.mkPen(color, width=2), fillLevel=0, brush=pg.mkBrush(color + "30"))
         else:
-            self.note_label.setText(f"No NVIDIA GPU found (NVML: {self.monitor.gpu_error}); "
-                                    "showing process and system memory")
+            # one line: the charts get the height (NVML's reason is a hover away)
+            self.note_label.setText("No NVIDIA GPU found: process and system memory")
+            self.note_label.setToolTip(f"NVML: {self.monitor.gpu_error}")
             self.memory_plot = self._plot(0, "process GiB", TIP_RSS)
             self.lower_plot = self._plot(1, "system GiB", TIP_SYSTEM)
             self.lower_plot.addItem(self.total_line)
@@ -93,6 +95,9 @@ class DevicePanel(QWidget, FrameIndependent):
         self.lower_plot.setXLink(self.memory_plot)
         self.memory_plot.hideAxis("bottom")
         self.lower_plot.setLabel("bottom", "seconds ago")
+        # the lower chart's share holds its time axis too: the two data areas come out alike
+        self.glw.ci.layout.setRowStretchFactor(0, 2)
+        self.glw.ci.layout.setRowStretchFactor(1, 3)
 
         self.timer = QTimer(self)
         self.timer.setInterval(interval_ms)

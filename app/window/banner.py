@@ -14,6 +14,8 @@ class ErrorBanner(QFrame):
                            f"{palette.EVICTED_COLOR}; }} QLabel {{ border: none; }}")
         self.label = QLabel()
         self.label.setWordWrap(True)
+        self.label.setMinimumWidth(1)  # a long path in a message is cut (whole in its tooltip),
+        #                                never widens the window
         self.details_button = QPushButton("Details…")
         self.close_button = QPushButton("Dismiss")
         layout = QHBoxLayout(self)
@@ -28,6 +30,7 @@ class ErrorBanner(QFrame):
 
     def show_error(self, message: str, detail: str = "") -> None:
         self.label.setText(message)
+        self.label.setToolTip(message)
         self.detail = detail
         self.details_button.setVisible(bool(detail))
         self.show()

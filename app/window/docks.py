@@ -1,15 +1,17 @@
 """The window's panels, one row of `PANELS` each: from it a panel is built, docked, tabbed, listed
 in the View menu, shown frames and cleared (the window loops over `Docks.panels`), and put back
-by Reset layout. A new panel is one file in app/panels/ and one row here."""
+by Reset layout. A new panel is one file in app/panels/ and one row here. The window fits the
+screen it is on: at the first launch, after Reset layout, and a saved layout that would not fit
+is not restored."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QTabBar, QWidget
+from PySide6.QtCore import QRect, QSettings, QSize, Qt
+from PySide6.QtGui import QAction, QCursor, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QStyle, QTabBar, QWidget
 
 from kvscope.app.panels import Panel
 from kvscope.app.panels.capacity_panel import CapacityPanel
@@ -28,6 +30,8 @@ from kvscope.app.selection import Selection
 from kvscope.app.window.tool_windows import open_tool, step_aside
 
 LEFT, RIGHT, BOTTOM = Qt.LeftDockWidgetArea, Qt.RightDockWidgetArea, Qt.BottomDockWidgetArea
+FIRST_SIZE = QSize(1400, 900)  # the first launch's size, where the screen has room for it
+BORDER = 4  # px: a window frame's side, as a window manager draws it, before it is known
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class Docks:
         self.panels: dict[str, Panel] = {name: row.make(selection)
                                          for name, row in self.rows.items()}
         self.docks: dict[str, QDockWidget] = {}
+        # The right column reaches down to the status bar, beside the timeline: its tabs (tree,
+        # capacity, device; details, text) get the height they need to be read at 1280x720.
+        window.setCorner(Qt.BottomRightCorner, RIGHT)
         for name, row in self.rows.items():
             if row.area is None:
                 continue
@@ -174,25 +181,46 @@ class Docks:
             w.resizeDocks([above, dock], [above.height() - (need - have), need], Qt.Vertical)
 
     def reset(self) -> None:
-        """View → Reset layout."""
+        """View → Reset layout: the default layout, in a window that fits its screen."""
         size = self.window.size()  # re-adding the docks stacks them for a moment: it would grow
         self.place()
-        self.window.resize(size)
+        self.fit(size)
         self.default_sizes()
 
-    def restore(self, settings: QSettings) -> None:
-        """The layout saved when the window last closed (the default one if none)."""
+    def fit(self, size: QSize) -> None:
+        """The window at `size`, or less where its screen's free area (frame included) is
+        smaller, moved wholly onto it. Before it is first shown: on the screen under the mouse,
+        where it will open, centred."""
         w = self.window
-        geometry = settings.value("geometry")
-        state = settings.value("window_state")
-        if geometry is not None:
-            w.restoreGeometry(geometry)
-        else:
-            w.resize(1400, 900)
-        if state is None or not w.restoreState(state):
+        shown = w.isVisible()
+        screen = w.screen() if shown else QGuiApplication.screenAt(QCursor.pos()) or w.screen()
+        area = screen.availableGeometry()
+        # the frame: known once shown; room for a title bar as Qt's restoreGeometry() reckons it
+        frame = QSize(2 * BORDER, BORDER + w.style().pixelMetric(QStyle.PM_TitleBarHeight))
+        if shown:
+            frame = frame.expandedTo(w.frameGeometry().size() - w.size())
+        w.resize(size.boundedTo(area.size() - frame))
+        outer = QRect(w.frameGeometry().topLeft(), w.size() + frame)
+        if not shown:
+            outer.moveCenter(area.center())
+        outer.moveRight(min(outer.right(), area.right()))
+        outer.moveBottom(min(outer.bottom(), area.bottom()))
+        w.move(max(outer.left(), area.left()), max(outer.top(), area.top()))
+
+    def restore(self, settings: QSettings) -> None:
+        """The layout saved when the window last closed, if it fits a screen now (the default
+        one, fitted to the screen, if not: one saved on a larger screen, or widened past it)."""
+        w = self.window
+        frame = settings.value("frame")
+        screen = QGuiApplication.screenAt(frame.center()) if isinstance(frame, QRect) else None
+        fits = screen is not None and screen.availableGeometry().contains(frame)
+        if not (fits and w.restoreGeometry(settings.value("geometry"))
+                and w.restoreState(settings.value("window_state"))):
+            self.fit(FIRST_SIZE)
             self.default_sizes()
         self._renew_tab_bars()
 
     def save(self, settings: QSettings) -> None:
         settings.setValue("geometry", self.window.saveGeometry())
         settings.setValue("window_state", self.window.saveState())
+        settings.setValue("frame", self.window.frameGeometry())

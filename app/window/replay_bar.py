@@ -1,19 +1,21 @@
 """The replay scrubber: a full-width slider; first/last step, step ±1, a step field, play and
 speed, the previous/next eviction, preemption or cancellation. It only picks steps; the window
-renders them."""
+renders them. Its controls wrap onto more rows where the bar is narrow: it never widens the
+window."""
 
 from __future__ import annotations
 
 import bisect
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
-    QPushButton,
+    QLayout,
     QSlider,
     QSpinBox,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -25,6 +27,75 @@ SPEEDS = {"0.5×": 5, "1×": 10, "2×": 20, "4×": 40, "8×": 80}  # steps per s
 JUMPS = {"eviction": ev.EVICTED, "preemption": ev.PREEMPTED, "cancellation": ev.CANCELLED}
 
 
+class FlowLayout(QLayout):
+    """Its items left to right, wrapped onto a new row where the next would not fit: as narrow as
+    its widest item, as tall as its rows at the width it has."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.items = []
+        self.setContentsMargins(0, 0, 0, 0)
+        self.setSpacing(6)
+
+    def addItem(self, item) -> None:  # noqa: N802 - Qt API
+        self.items.append(item)
+
+    def count(self) -> int:
+        return len(self.items)
+
+    def itemAt(self, i: int):  # noqa: N802 - Qt API
+        return self.items[i] if 0 <= i < len(self.items) else None
+
+    def takeAt(self, i: int):  # noqa: N802 - Qt API
+        return self.items.pop(i) if 0 <= i < len(self.items) else None
+
+    def expandingDirections(self):  # noqa: N802 - Qt API
+        return Qt.Orientation(0)
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt API
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt API
+        return self._place(QRect(0, 0, width, 0), move=False)
+
+    def setGeometry(self, rect: QRect) -> None:  # noqa: N802 - Qt API
+        super().setGeometry(rect)
+        self._place(rect, move=True)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        return self.minimumSize()
+
+    def minimumSize(self) -> QSize:  # noqa: N802 - Qt API
+        size = QSize(0, 0)
+        for item in self.items:
+            size = size.expandedTo(item.sizeHint())
+        return size
+
+    def _place(self, rect: QRect, move: bool) -> int:
+        """Lays the items out in rect (move: for real); the height they take."""
+        x, y, row = rect.x(), rect.y(), 0
+        for item in self.items:
+            hint = item.sizeHint()
+            if x > rect.x() and x + hint.width() > rect.right() + 1:
+                x, y, row = rect.x(), y + row + self.spacing(), 0
+            if move:
+                item.setGeometry(QRect(QPoint(x, y), hint))
+            x += hint.width() + self.spacing()
+            row = max(row, hint.height())
+        return y + row - rect.y()
+
+
+def _group(*widgets: QWidget) -> QWidget:
+    """Controls that belong together: wrapped as one."""
+    box = QWidget()
+    row = QHBoxLayout(box)
+    row.setContentsMargins(0, 0, 0, 0)
+    row.setSpacing(2)
+    for w in widgets:
+        row.addWidget(w)
+    return box
+
+
 class ReplayBar(QWidget):
     step_changed = Signal(int)
     leave_requested = Signal()
@@ -33,11 +104,12 @@ class ReplayBar(QWidget):
         super().__init__(parent)
         self.selection = selection or Selection()
         self.slider = QSlider(Qt.Horizontal)
-        self.slider.setMinimumWidth(200)
+        self.slider.setMinimumWidth(120)
         self.slider.valueChanged.connect(self.step_changed)
         self.step_changed.connect(self.selection.select_step)
         self.selection.step_changed.connect(self._on_cursor)
-        self.play_button = QPushButton("▶ Play")
+        self.play_button = QToolButton()
+        self.play_button.setText("▶ Play")
         self.play_button.setCheckable(True)
         self.play_button.toggled.connect(self._on_play)
         self.speed = QComboBox()
@@ -52,7 +124,8 @@ class ReplayBar(QWidget):
         self.jump_kind = QComboBox()
         self.jump_kind.addItems(list(JUMPS))
         self.label = QLabel()
-        self.leave_button = QPushButton("Back to live")
+        self.leave_button = QToolButton()
+        self.leave_button.setText("Back to live")
         self.leave_button.clicked.connect(self.leave_requested)
         buttons = [("⇤", "First step (Home)", lambda: self.set_step(self.slider.minimum())),
                    ("◀", "Previous step (←)", lambda: self.step_by(-1)),
@@ -63,18 +136,17 @@ class ReplayBar(QWidget):
         (self.first_button, self.prev_button, self.next_button, self.last_button,
          self.jump_prev_button, self.jump_button) = [
             self._button(text, tip, slot) for text, tip, slot in buttons]
-        # The scrubber has a row of its own: it gets the bar's whole width.
+        # The scrubber has a row of its own: it gets the bar's whole width. The controls below
+        # wrap, in groups, where the bar is narrow (a small window, wide docks beside it).
         top = QHBoxLayout()
         top.addWidget(QLabel("Replay"))
         top.addWidget(self.slider, 1)
-        top.addWidget(self.label)
-        controls = QHBoxLayout()
-        for w in (self.first_button, self.prev_button, self.play_button, self.next_button,
-                  self.last_button, QLabel("step"), self.step_field, self.speed, QLabel(" event"),
-                  self.jump_kind, self.jump_prev_button, self.jump_button):
-            controls.addWidget(w)
-        controls.addStretch(1)
-        controls.addWidget(self.leave_button)
+        controls = FlowLayout()
+        for group in ((self.first_button, self.prev_button, self.play_button, self.next_button,
+                       self.last_button), (QLabel("step"), self.step_field, self.speed),
+                      (QLabel("event"), self.jump_kind, self.jump_prev_button, self.jump_button),
+                      (self.label,), (self.leave_button,)):
+            controls.addWidget(_group(*group))
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 2, 4, 2)
         layout.addLayout(top)
@@ -83,8 +155,9 @@ class ReplayBar(QWidget):
         self.timer.timeout.connect(self._tick)
         self.steps_with: dict[str, list[int]] = {}
 
-    def _button(self, text: str, tip: str, slot) -> QPushButton:
-        button = QPushButton(text)
+    def _button(self, text: str, tip: str, slot) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
         button.setToolTip(tip)
         button.clicked.connect(slot)
         return button
