@@ -113,11 +113,8 @@ class EngineControls:
         self.w.engine_client.submit(prompt, params, salt, run=True)
 
     def run_or_resume(self) -> None:
-        """F5: start the demo workload the first time, resume afterwards; in replay, play."""
+        """F5: start the demo workload the first time, resume afterwards."""
         w = self.w
-        if not w.source.live:
-            w.replay_bar.play_button.setChecked(True)
-            return
         if w.engine is None:
             w.banner.show_error("No model is loaded: load one with Apply (reload), Enter in "
                                 "the model box, or Open model folder (Ctrl+L).")
@@ -140,16 +137,12 @@ class EngineControls:
         self.w.engine_client.run_workload(workload)
 
     def pause(self) -> None:
-        play = self.w.replay_bar.play_button
-        if not self.w.source.live:
-            play.setChecked(not play.isChecked())
-            return
         self.w.engine_client.pause()
 
     def step_once(self) -> None:
         """N or →: the engine runs one step; looking at a past step, the next step is shown."""
         w = self.w
-        if w.source.live and w.selection.step is None:
+        if w.selection.step is None:
             w.engine_client.step_once()
         else:
             w.frame_pump.move_cursor(1)

@@ -114,7 +114,7 @@ class FramePump:
     def on_cursor(self, step: int | None) -> None:
         """The time cursor moved: every panel shows that step."""
         w = self.w
-        w.act_follow.setEnabled(not w.source.live or step is not None)  # End in replay
+        w.act_follow.setEnabled(w.source.live and step is not None)  # the replay bar's own
         try:
             landed, frame = w.source.frame_for(step)
         except SessionError as e:

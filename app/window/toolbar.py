@@ -124,7 +124,8 @@ def build_menus(w) -> None:
 
 class EngineSettings:
     """The toolbar's engine settings: the user's while live; in replay the session's, read-only
-    (the user's come back with live)."""
+    (the user's come back with live). In replay the engine's Run demo, Pause, Step and pace are
+    off: the replay bar has its own (and takes their keys)."""
 
     def __init__(self, w):
         self.w = w
@@ -149,8 +150,9 @@ class EngineSettings:
         policy = None if source.live else source.settings().get("policy")
         w.policy_label.setText(f" policy {policy} ")
         w.policy_shown.setVisible(policy is not None)
-        for widget in self.widgets:
+        for widget in (*self.widgets, w.act_demo, w.act_pause, w.act_step, w.pace_box):
             widget.setEnabled(source.live)
+        for widget in self.widgets:
             if not isinstance(widget, QAction):
                 widget.setToolTip(self._tips[widget] if source.live else
                                   "The session's settings (read-only while replaying)")
