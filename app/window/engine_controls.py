@@ -28,7 +28,8 @@ def workloads_dir() -> Path:
 class EngineControls:
     def __init__(self, window):
         self.w = window
-        self.demo_started = False  # F5 resumes once the demo workload was started
+        self.idle = True  # nothing left to run (the engine said so, or nothing ran): F5 plays
+        #                   the demo, else it resumes
         self.loading_name = ""
 
     def connect(self) -> None:
@@ -42,6 +43,7 @@ class EngineControls:
             f"The engine stopped on an error (paused; the window keeps running): {message}",
             detail))
         c.running_changed.connect(self._on_running_changed)
+        c.idle.connect(self._on_idle)
         c.engine_exited.connect(self._on_engine_exited)
         c.request_failed.connect(lambda message, detail: w.banner.show_error(
             f"A request failed (the others run on): {message}", detail))
@@ -80,7 +82,7 @@ class EngineControls:
         w.model_name = self.loading_name
         w.capacity.set_model_config(engine.model_config, w.model_name, engine.cache_dtype)
         w.experiments.model = w.model_name
-        self.demo_started = False
+        self.idle = True
         w.engine_client.pace(w.pace_box.value())  # a new engine process: tell it the pace
         w.live.reset()
         if w.source is w.live:  # not an attached server
@@ -113,13 +115,13 @@ class EngineControls:
         self.w.engine_client.submit(prompt, params, salt, run=True)
 
     def run_or_resume(self) -> None:
-        """F5: start the demo workload the first time, resume afterwards."""
+        """F5: resume what is paused half-way, else play the demo workload (again)."""
         w = self.w
         if w.engine is None:
             w.banner.show_error("No model is loaded: load one with Apply (reload), Enter in "
                                 "the model box, or Open model folder (Ctrl+L).")
             return
-        if not self.demo_started:
+        if self.idle:
             self.run_workload(workloads_dir() / DEMO_WORKLOAD)
         else:
             w.engine_client.resume()
@@ -132,7 +134,7 @@ class EngineControls:
         except (OSError, WorkloadError) as e:
             self.w.banner.show_error(f"Cannot run {path.name}: {e}")
             return
-        self.demo_started = True
+        self.idle = False
         self.w.status.setText(f"running {path.name} ({len(workload)} requests)")
         self.w.engine_client.run_workload(workload)
 
@@ -161,4 +163,18 @@ class EngineControls:
 
     def _on_running_changed(self, running: bool) -> None:
         self.w.running = running  # the status bar says running or paused at once
+        self.idle = self.idle and not running
         self.w.frame_pump.show_status()
+
+    def _on_idle(self) -> None:
+        self.idle = True  # F5 plays the demo again
+        self.w.frame_pump.show_status()
+
+    def run_state(self) -> str:
+        """What the engine is doing, and what F5 does, for the status bar ("": nothing ran)."""
+        engine = self.w.engine
+        if self.w.running:
+            return "running"
+        if engine is None or engine.num_steps == 0:
+            return ""
+        return "nothing left to run · F5 runs the demo" if self.idle else "paused · F5 resumes"

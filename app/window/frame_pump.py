@@ -77,7 +77,7 @@ class FramePump:
     def show_status(self, records=()) -> None:
         w = self.w
         w.status.show_frame(w.snapshot, records, w.source, w.selection.step, w.model_name,
-                            w.engine, w.running)
+                            w.engine, w.engine_controls.run_state())
 
     def update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild

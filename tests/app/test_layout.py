@@ -115,7 +115,7 @@ def test_recording_never_shifts_the_toolbar_and_the_status_bar_says_running_paus
     qtbot.keyClick(window, Qt.Key_F5)
     qtbot.waitUntil(lambda: window.status.text().endswith("· running"), timeout=10_000)
     qtbot.mouseClick(tb.widgetForAction(window.act_pause), Qt.LeftButton)
-    qtbot.waitUntil(lambda: window.status.text().endswith("· paused"), timeout=10_000)
+    qtbot.waitUntil(lambda: window.status.text().endswith("· paused · F5 resumes"), timeout=10_000)
     assert not window.running
     path = tmp_path / "s.kvscope"
     window.start_recording(str(path))

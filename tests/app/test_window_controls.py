@@ -1,14 +1,48 @@
-"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26): in replay the
-engine's buttons are off and the replay bar takes their keys."""
+"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26): Run demo plays the
+demo again once it finished; in replay the engine's buttons are off and the replay bar takes
+their keys."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QToolBar
-from window_testutil import open_replay
+from window_testutil import LOAD_TIMEOUT_MS, bare_window, open_replay
+
+from kvscope.app.window import engine_controls
 
 SIZES = [(1280, 720), (1600, 1000)]
+
+
+def loaded(qtbot, w, name: str) -> None:
+    qtbot.waitUntil(lambda: w.engine is not None and not w.engine_client.loading
+                    and w.model_name == name, timeout=LOAD_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_run_demo_plays_the_demo_again_once_it_finished(qtbot, tmp_path, size, monkeypatch):
+    """F5 after the demo finished did nothing but say "paused", as the status bar did at
+    start-up before anything ran."""
+    demo = tmp_path / "short_demo.jsonl"
+    demo.write_text("".join(json.dumps({"arrival_s": 0, "prompt": f"What is a {thing}?",
+                                        "max_tokens": 3}) + "\n" for thing in ("list", "dict")))
+    monkeypatch.setattr(engine_controls, "DEMO_WORKLOAD", str(demo))  # an absolute path
+    w = bare_window(qtbot, tmp_path, size)
+    w.pace_box.setValue(0)
+    w.load_model("demo")
+    loaded(qtbot, w, "demo")
+    qtbot.waitUntil(lambda: "Press Run demo (F5)" in w.status.text())
+    assert "paused" not in w.status.text()
+    done = "· nothing left to run · F5 runs the demo"
+    for runs in (1, 2):
+        w.setFocus()
+        qtbot.keyClick(w, Qt.Key_F5)
+        qtbot.waitUntil(lambda runs=runs: len(rows := w.requests.model.rows) == 2 * runs
+                        and all(r.state.startswith("finished") for r in rows)
+                        and w.status.text().endswith(done), timeout=20_000)
+    w.close()
 
 
 @pytest.mark.parametrize("size", SIZES)
