@@ -237,6 +237,7 @@ class EngineHost:
 
     def _load(self, model: str, config) -> None:
         from kvscope.engine import Engine
+        from kvscope.engine.models.weights import ModelLoadError
 
         set_engine_threads()
         self._set_running(False)
@@ -244,7 +245,9 @@ class EngineHost:
         try:
             engine = Engine.from_pretrained(model, config)
         except Exception as e:  # noqa: BLE001 - every failure is shown, none crashes the app
-            self._send(protocol.LoadFailed(_one_line(e), traceback.format_exc()))
+            # The loader's own errors are written for the user: no class name in the banner.
+            self._send(protocol.LoadFailed(_one_line(e, not isinstance(e, ModelLoadError)),
+                                           traceback.format_exc()))
             return
         self.engine, self.runner = engine, None
         self.sub = StepQueue()
@@ -438,6 +441,10 @@ class EngineHost:
                            list(output.pieces))
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException, named: bool = True) -> str:
+    """The error's first line; named: after its class name (not for the errors whose message
+    is written for the user)."""
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    return f"{type(e).__name__}: {text[0]}" if named else text[0]

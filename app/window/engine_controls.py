@@ -62,6 +62,7 @@ class EngineControls:
     def load_model(self, name: str) -> None:
         w = self.w
         self.loading_name = name
+        w.model_box.show_model(name)
         w.banner.hide()
         w.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, w)
         w.progress.setWindowTitle("kvscope")
@@ -75,6 +76,12 @@ class EngineControls:
         box = self.w.model_box
         text = box.currentText().strip() or "demo"
         self.load_model(box.itemData(box.findText(text)) or text)
+
+    def pick(self, name: str) -> None:
+        """A model picked in the Model list loads at once (the one loaded stays as it is)."""
+        w = self.w
+        if w.engine is None or name != w.model_name or w.engine_client.loading:
+            self.load_model(name)
 
     def _on_model_loaded(self, engine: EngineInfo) -> None:
         w = self.w
@@ -99,13 +106,21 @@ class EngineControls:
     def _on_load_failed(self, message: str, detail: str) -> None:
         self._close_progress()
         self.w.banner.show_error(f"Could not load the model: {message}", detail)
-        self.w.status.setText(HINT if self.w.engine else "no model loaded")
+        self._back_to_loaded("not loaded")
 
     def _on_load_cancelled(self) -> None:
+        self.w.engine_client.cancel_load()
+        self._back_to_loaded("loading cancelled")
+
+    def _back_to_loaded(self, what: str) -> None:
+        """A load that failed or was cancelled: the model box and the status bar name the model
+        still loaded, if any."""
         w = self.w
-        w.engine_client.cancel_load()
-        w.status.setText("loading cancelled" + (f" · {w.model_name} still loaded"
-                                                if w.engine is not None else ""))
+        if w.engine is None:
+            w.status.setText(f"{what} · no model loaded")
+            return
+        w.model_box.show_model(w.model_name)
+        w.status.setText(f"{what}: {self.loading_name} · {w.model_name} still loaded · {HINT}")
 
     # ------------------------------------------------------------------- run
     def submit(self, prompt, params, salt) -> None:

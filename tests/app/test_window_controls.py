@@ -1,14 +1,15 @@
-"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26): Run demo plays the
-demo again once it finished; in replay the engine's buttons are off and the replay bar takes
-their keys."""
+"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26, items 3, 10 and
+part of 15): picking a model in the Model list loads it, and a failed load leaves the model
+loaded named; Run demo plays the demo again once it finished; in replay the engine's buttons
+are off and the replay bar takes their keys."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QToolBar
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QToolBar, QToolTip
 from window_testutil import LOAD_TIMEOUT_MS, bare_window, open_replay
 
 from kvscope.app.window import engine_controls
@@ -16,9 +17,66 @@ from kvscope.app.window import engine_controls
 SIZES = [(1280, 720), (1600, 1000)]
 
 
+def pick(qtbot, box, text: str) -> None:
+    """Open the Model list and click an entry."""
+    box.showPopup()
+    view = box.view()
+    qtbot.waitUntil(view.isVisible)
+    rect = view.visualRect(box.model().index(box.findText(text), 0))
+    qtbot.mouseClick(view.viewport(), Qt.LeftButton, pos=rect.center())
+
+
+def type_model(qtbot, box, name: str, enter: bool = True) -> None:
+    """Type a name into the Model box (it has the keyboard, its line edit the text)."""
+    box.lineEdit().selectAll()
+    qtbot.keyClicks(box, name)
+    if enter:
+        qtbot.keyClick(box, Qt.Key_Return)
+
+
+def tooltip(qtbot, widget) -> str:
+    """Hover the widget until its tooltip shows; its text."""
+    QToolTip.hideText()
+    qtbot.mouseMove(widget.window(), QPoint(1, widget.window().height() - 1))  # away, then on
+    qtbot.mouseMove(widget, QPoint(widget.width() // 2, widget.height() // 2))
+    qtbot.waitUntil(QToolTip.isVisible, timeout=5000)
+    return QToolTip.text()
+
+
 def loaded(qtbot, w, name: str) -> None:
     qtbot.waitUntil(lambda: w.engine is not None and not w.engine_client.loading
                     and w.model_name == name, timeout=LOAD_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_picking_a_model_loads_it_and_a_failed_load_names_the_model_still_loaded(
+        qtbot, tmp_path, size):
+    """Picking an entry did nothing until Apply; a failed load left the failed folder in the box,
+    dropped the model's name from the status bar and put a class name in the banner."""
+    w = bare_window(qtbot, tmp_path, size)
+    box = w.model_box
+    real = "SmolLM2-135M-Instruct (real)"
+    rect = box.view().visualRect(box.model().index(box.findText(real), 0))
+    assert box.view().fontMetrics().horizontalAdvance(real) < rect.width()  # listed whole
+    pick(qtbot, box, "demo")
+    loaded(qtbot, w, "demo")
+    assert box.currentText() == "demo" and w.engine.model_name == "demo"
+    bad = tmp_path / "a-model-folder-whose-config-is-broken"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    edit = box.lineEdit()
+    type_model(qtbot, box, str(bad), enter=False)
+    assert edit.fontMetrics().horizontalAdvance(str(bad)) > edit.width()  # the box cuts it...
+    assert tooltip(qtbot, box).startswith(f"{bad}\n")  # ...its tooltip names it whole
+    qtbot.keyClick(box, Qt.Key_Return)
+    qtbot.waitUntil(w.banner.isVisible, timeout=LOAD_TIMEOUT_MS)
+    message = w.banner.label.text()
+    assert message.startswith(f"Could not load the model: cannot read {bad / 'config.json'}: ")
+    assert "Error" not in message  # no "ModelLoadError: ..."
+    assert box.currentText() == "demo" and box.findText(str(bad)) == -1
+    assert w.engine.model_name == "demo"
+    assert w.status.text().startswith("not loaded: ") and "demo still loaded" in w.status.text()
+    w.close()
 
 
 @pytest.mark.parametrize("size", SIZES)
