@@ -261,7 +261,8 @@ class EngineHost:
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.config.block_size,
-            history_path=self._start_history() if self.keep_history else None)))
+            history_path=self._start_history() if self.keep_history else None,
+            chat_template=bool(getattr(engine.tokenizer, "chat_template", None)))))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
@@ -272,7 +273,7 @@ class EngineHost:
                 prompt = chat_prompt_ids(self.engine.tokenizer, prompt)
             rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
-            self._send(protocol.Rejected(_one_line(e)))
+            self._send(protocol.Rejected(_one_line(e, not isinstance(e, ValueError))))
             return
         self.table.set_output(self.engine.request_output(rid))
         self._send(protocol.Submitted(rid))

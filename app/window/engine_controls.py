@@ -89,6 +89,7 @@ class EngineControls:
         w.model_name = self.loading_name
         w.capacity.set_model_config(engine.model_config, w.model_name, engine.cache_dtype)
         w.experiments.model = w.model_name
+        w.composer.set_model(engine.model_name, engine.chat_template)
         self.idle = True
         w.engine_client.pace(w.pace_box.value())  # a new engine process: tell it the pace
         w.live.reset()

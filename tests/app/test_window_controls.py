@@ -1,11 +1,13 @@
-"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26, items 3, 10 and
-part of 15): picking a model in the Model list loads it, and a failed load leaves the model
-loaded named; Run demo plays the demo again once it finished; in replay the engine's buttons
-are off and the replay bar takes their keys."""
+"""The window's controls do what they say, at 1280x720 and 1600x1000 (issue 26, items 3, 5, 10
+and part of 15): picking a model in the Model list loads it, and a failed load leaves the model
+loaded named; the chat shows its last exchange and starts over with another model; Run demo
+plays the demo again once it finished; in replay the engine's buttons are off and the replay
+bar takes their keys."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
@@ -13,8 +15,20 @@ from PySide6.QtWidgets import QToolBar, QToolTip
 from window_testutil import LOAD_TIMEOUT_MS, bare_window, open_replay
 
 from kvscope.app.window import engine_controls
+from kvscope.app.window.engine_controls import workloads_dir
 
 SIZES = [(1280, 720), (1600, 1000)]
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def chat_model(tmp_path):
+    """The demo model's files in a folder of their own, its tokenizer with a chat template."""
+    folder = tmp_path / "demo-with-a-chat-template"
+    shutil.copytree(workloads_dir().parent / "demo", folder)
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "chat_template": TEMPLATE}))
+    return folder
 
 
 def pick(qtbot, box, text: str) -> None:
@@ -76,6 +90,46 @@ def test_picking_a_model_loads_it_and_a_failed_load_names_the_model_still_loaded
     assert box.currentText() == "demo" and box.findText(str(bad)) == -1
     assert w.engine.model_name == "demo"
     assert w.status.text().startswith("not loaded: ") and "demo still loaded" in w.status.text()
+    w.close()
+
+
+def last_exchange_shown(edit) -> bool:
+    """The transcript's last question and its answer lie inside its viewport."""
+    viewport = edit.viewport().rect()
+    text = edit.toPlainText()
+    start = text.rindex("user: ")
+    top = edit.cursorRect(edit.cursorForPosition(QPoint(0, 0)))  # the first line shown
+    shown_from = edit.cursorForPosition(QPoint(1, top.top() + 1)).position()
+    bottom = edit.cursorForPosition(QPoint(viewport.width() - 1, viewport.height() - 1))
+    return shown_from <= start and bottom.position() >= len(text)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_chat_shows_its_last_exchange_and_starts_over_with_another_model(
+        qtbot, tmp_path, size):
+    """The transcript was 1.5 lines showing the first turn; the chat stayed on after a switch to
+    the demo model, whose next submit failed citing a command-line flag."""
+    w = bare_window(qtbot, tmp_path, size)
+    c, folder = w.composer, chat_model(tmp_path)
+    type_model(qtbot, w.model_box, str(folder))
+    loaded(qtbot, w, str(folder))
+    qtbot.mouseClick(c.chat, Qt.LeftButton, pos=QPoint(8, c.chat.height() // 2))
+    assert c.chat.isChecked()
+    c.max_tokens.setValue(6)
+    for turn, question in enumerate(("What is a list?", "And a tuple?", "And a set?")):
+        c.prompt.setFocus()
+        qtbot.keyClicks(c.prompt, question)
+        qtbot.mouseClick(c.submit_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda turn=turn: len(c.messages) == 2 * turn + 2, timeout=20_000)
+    qtbot.wait(50)
+    assert c.transcript.viewport().height() >= 3 * c.transcript.fontMetrics().lineSpacing()
+    assert last_exchange_shown(c.transcript), c.transcript.toPlainText()
+    pick(qtbot, w.model_box, "demo")
+    loaded(qtbot, w, "demo")
+    assert c.messages == [] and c.transcript.toPlainText() == ""  # a new chat
+    assert not c.chat.isChecked() and not c.chat.isEnabled() and not c.transcript.isVisible()
+    tip = c.chat.toolTip()  # what hovering the box shows
+    assert tip.startswith("demo has no chat template: pick SmolLM2") and "--" not in tip
     w.close()
 
 
