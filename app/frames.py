@@ -151,6 +151,7 @@ class EngineInfo:
     num_blocks: int
     block_size: int
     history_path: str | None = None  # the session the engine always records (no text)
+    chat_template: bool = False  # the model can chat (the composer's chat mode)
     num_steps: int = 0  # steps run so far, as of the latest frame
     explanations: dict[int, MissExplanation] = field(default_factory=dict)
 

@@ -16,7 +16,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of ``messages`` formatted by the chat template, ending with the generation
     prompt of the assistant's turn. The template writes any BOS token itself."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ChatError("this model has no chat template (SmolLM2 has one: --model smollm2)")
+        raise ChatError("this model has no chat template (SmolLM2-135M-Instruct has one)")
     for m in messages:
         if set(m) != {"role", "content"} or not all(isinstance(v, str) for v in m.values()):
             raise ChatError(f"a chat message needs exactly a string role and content: {m!r}"[:200])

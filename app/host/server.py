@@ -248,6 +248,7 @@ class EngineHost:
 
     def _load(self, model: str, config) -> None:
         from kvscope.engine import Engine
+        from kvscope.engine.models.weights import ModelLoadError
 
         set_engine_threads()
         self._set_running(False)
@@ -255,7 +256,9 @@ class EngineHost:
         try:
             engine = Engine.from_pretrained(model, config)
         except Exception as e:  # noqa: BLE001 - every failure is shown, none crashes the app
-            self._send(protocol.LoadFailed(_one_line(e), traceback.format_exc()))
+            # The loader's own errors are written for the user: no class name in the banner.
+            self._send(protocol.LoadFailed(_one_line(e, not isinstance(e, ModelLoadError)),
+                                           traceback.format_exc()))
             return
         self.engine, self.runner = engine, None
         self.sub = StepQueue()
@@ -269,7 +272,8 @@ class EngineHost:
             device=runner.device.type, cache_dtype=str(runner.cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.config.block_size,
-            history_path=self._start_history() if self.keep_history else None)))
+            history_path=self._start_history() if self.keep_history else None,
+            chat_template=bool(getattr(engine.tokenizer, "chat_template", None)))))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:
@@ -280,7 +284,7 @@ class EngineHost:
                 prompt = chat_prompt_ids(self.engine.tokenizer, prompt)
             rid = self.engine.add_request(prompt, params, cache_salt)
         except Exception as e:  # noqa: BLE001 - whatever it was, this request is not queued
-            self._send(protocol.Rejected(_one_line(e)))
+            self._send(protocol.Rejected(_one_line(e, not isinstance(e, ValueError))))
             return
         self.table.set_output(self.engine.request_output(rid))
         self._send(protocol.Submitted(rid))
@@ -449,6 +453,10 @@ class EngineHost:
                            list(output.pieces))
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException, named: bool = True) -> str:
+    """The error's first line; named: after its class name (not for the errors whose message
+    is written for the user)."""
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    return f"{type(e).__name__}: {text[0]}" if named else text[0]

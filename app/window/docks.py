@@ -172,8 +172,9 @@ class Docks:
         return max(self.rows["composer"].min_size[1], self.panels["composer"].needed_height())
 
     def fit_composer(self) -> None:
-        """Chat mode shows the transcript: grow the Prompt dock to show it and every field
-        (taking the height from the requests above), never shrink it."""
+        """Chat mode shows the transcript: grow the Prompt dock to show every field and the
+        transcript's last exchange (taking the height from the requests above, as far as they
+        can give), never shrink it."""
         w, dock, above = self.window, self.docks["composer"], self.docks["requests"]
         have, need = dock.height(), dock.height() - dock.widget().height() + self._composer_height()
         if (dock.isVisible() and not dock.isFloating() and have < need

@@ -28,7 +28,8 @@ def workloads_dir() -> Path:
 class EngineControls:
     def __init__(self, window):
         self.w = window
-        self.demo_started = False  # F5 resumes once the demo workload was started
+        self.idle = True  # nothing left to run (the engine said so, or nothing ran): F5 plays
+        #                   the demo, else it resumes
         self.loading_name = ""
 
     def connect(self) -> None:
@@ -42,6 +43,7 @@ class EngineControls:
             f"The engine stopped on an error (paused; the window keeps running): {message}",
             detail))
         c.running_changed.connect(self._on_running_changed)
+        c.idle.connect(self._on_idle)
         c.engine_exited.connect(self._on_engine_exited)
         c.request_failed.connect(lambda message, detail: w.banner.show_error(
             f"A request failed (the others run on): {message}", detail))
@@ -60,6 +62,7 @@ class EngineControls:
     def load_model(self, name: str) -> None:
         w = self.w
         self.loading_name = name
+        w.model_box.show_model(name)
         w.banner.hide()
         w.progress = QProgressDialog(f"Loading {name}…", "Cancel", 0, 0, w)
         w.progress.setWindowTitle("kvscope")
@@ -74,13 +77,20 @@ class EngineControls:
         text = box.currentText().strip() or "demo"
         self.load_model(box.itemData(box.findText(text)) or text)
 
+    def pick(self, name: str) -> None:
+        """A model picked in the Model list loads at once (the one loaded stays as it is)."""
+        w = self.w
+        if w.engine is None or name != w.model_name or w.engine_client.loading:
+            self.load_model(name)
+
     def _on_model_loaded(self, engine: EngineInfo) -> None:
         w = self.w
         self._close_progress()
         w.model_name = self.loading_name
         w.capacity.set_model_config(engine.model_config, w.model_name, engine.cache_dtype)
         w.experiments.model = w.model_name
-        self.demo_started = False
+        w.composer.set_model(engine.model_name, engine.chat_template)
+        self.idle = True
         w.engine_client.pace(w.pace_box.value())  # a new engine process: tell it the pace
         w.live.reset()
         if w.source is w.live:  # not an attached server
@@ -97,13 +107,21 @@ class EngineControls:
     def _on_load_failed(self, message: str, detail: str) -> None:
         self._close_progress()
         self.w.banner.show_error(f"Could not load the model: {message}", detail)
-        self.w.status.setText(HINT if self.w.engine else "no model loaded")
+        self._back_to_loaded("not loaded")
 
     def _on_load_cancelled(self) -> None:
+        self.w.engine_client.cancel_load()
+        self._back_to_loaded("loading cancelled")
+
+    def _back_to_loaded(self, what: str) -> None:
+        """A load that failed or was cancelled: the model box and the status bar name the model
+        still loaded, if any."""
         w = self.w
-        w.engine_client.cancel_load()
-        w.status.setText("loading cancelled" + (f" · {w.model_name} still loaded"
-                                                if w.engine is not None else ""))
+        if w.engine is None:
+            w.status.setText(f"{what} · no model loaded")
+            return
+        w.model_box.show_model(w.model_name)
+        w.status.setText(f"{what}: {self.loading_name} · {w.model_name} still loaded · {HINT}")
 
     # ------------------------------------------------------------------- run
     def submit(self, prompt, params, salt) -> None:
@@ -113,16 +131,13 @@ class EngineControls:
         self.w.engine_client.submit(prompt, params, salt, run=True)
 
     def run_or_resume(self) -> None:
-        """F5: start the demo workload the first time, resume afterwards; in replay, play."""
+        """F5: resume what is paused half-way, else play the demo workload (again)."""
         w = self.w
-        if not w.source.live:
-            w.replay_bar.play_button.setChecked(True)
-            return
         if w.engine is None:
             w.banner.show_error("No model is loaded: load one with Apply (reload), Enter in "
                                 "the model box, or Open model folder (Ctrl+L).")
             return
-        if not self.demo_started:
+        if self.idle:
             self.run_workload(workloads_dir() / DEMO_WORKLOAD)
         else:
             w.engine_client.resume()
@@ -135,21 +150,17 @@ class EngineControls:
         except (OSError, WorkloadError) as e:
             self.w.banner.show_error(f"Cannot run {path.name}: {e}")
             return
-        self.demo_started = True
+        self.idle = False
         self.w.status.setText(f"running {path.name} ({len(workload)} requests)")
         self.w.engine_client.run_workload(workload)
 
     def pause(self) -> None:
-        play = self.w.replay_bar.play_button
-        if not self.w.source.live:
-            play.setChecked(not play.isChecked())
-            return
         self.w.engine_client.pause()
 
     def step_once(self) -> None:
         """N or →: the engine runs one step; looking at a past step, the next step is shown."""
         w = self.w
-        if w.source.live and w.selection.step is None:
+        if w.selection.step is None:
             w.engine_client.step_once()
         else:
             w.frame_pump.move_cursor(1)
@@ -168,4 +179,18 @@ class EngineControls:
 
     def _on_running_changed(self, running: bool) -> None:
         self.w.running = running  # the status bar says running or paused at once
+        self.idle = self.idle and not running
         self.w.frame_pump.show_status()
+
+    def _on_idle(self) -> None:
+        self.idle = True  # F5 plays the demo again
+        self.w.frame_pump.show_status()
+
+    def run_state(self) -> str:
+        """What the engine is doing, and what F5 does, for the status bar ("": nothing ran)."""
+        engine = self.w.engine
+        if self.w.running:
+            return "running"
+        if engine is None or engine.num_steps == 0:
+            return ""
+        return "nothing left to run · F5 runs the demo" if self.idle else "paused · F5 resumes"

@@ -27,7 +27,6 @@ class FileActions:
         if Path(folder).name == "config.json":
             folder = str(Path(folder).parent)
         if folder:
-            self.w.model_box.setEditText(folder)
             self.w.load_model(folder)
 
     def open_workload(self) -> None:

@@ -78,7 +78,7 @@ class FramePump:
     def show_status(self, records=()) -> None:
         w = self.w
         w.status.show_frame(w.snapshot, records, w.source, w.selection.step, w.model_name,
-                            w.engine, w.running)
+                            w.engine, w.engine_controls.run_state())
 
     def update_tree(self) -> None:
         """The slowest panel: rebuilt at most TREE_HZ times a second, one slice of the rebuild
@@ -115,7 +115,7 @@ class FramePump:
     def on_cursor(self, step: int | None) -> None:
         """The time cursor moved: every panel shows that step."""
         w = self.w
-        w.act_follow.setEnabled(not w.source.live or step is not None)  # End in replay
+        w.act_follow.setEnabled(w.source.live and step is not None)  # the replay bar's own
         try:
             landed, frame = w.source.frame_for(step)
         except SessionError as e:

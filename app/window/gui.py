@@ -28,7 +28,6 @@ def run_gui(model: str = "demo", argv: list[str] | None = None, session: str | N
     if session is not None:
         window.open_session(session)
     else:
-        window.model_box.setEditText(model)
         window.load_model(model)
     if attach is not None:
         window.attach(**attach)

@@ -119,8 +119,8 @@ class MainWindow(QMainWindow):
         self.lab.open_requested.connect(self.open_lab_replay)
         self.experiments.finished.connect(self.files.save_experiment)
         self.composer.submitted.connect(self.engine_controls.submit)
-        self.composer.chat.toggled.connect(
-            lambda _on: QTimer.singleShot(0, self.docking.fit_composer))
+        self.composer.wants_room.connect(
+            lambda: QTimer.singleShot(0, self.docking.fit_composer))
         self.requests.cancel_requested.connect(self.engine_client.cancel)
         self.requests.explain_requested.connect(self.explain)
 

@@ -1,13 +1,15 @@
 """The replay scrubber: a full-width slider; first/last step, step ±1, a step field, play and
 speed, the previous/next eviction, preemption or cancellation. It only picks steps; the window
 renders them. Its controls wrap onto more rows where the bar is narrow: it never widens the
-window."""
+window. While it is shown it takes the keys of the live engine's actions (off in replay): F5 and
+Space play and pause, N and → the next step, End the last."""
 
 from __future__ import annotations
 
 import bisect
 
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -111,6 +113,7 @@ class ReplayBar(QWidget):
         self.play_button = QToolButton()
         self.play_button.setText("▶ Play")
         self.play_button.setCheckable(True)
+        self.play_button.setToolTip("Play or pause the replay (F5 or Space)")
         self.play_button.toggled.connect(self._on_play)
         self.speed = QComboBox()
         self.speed.addItems(list(SPEEDS))
@@ -151,6 +154,11 @@ class ReplayBar(QWidget):
         layout.setContentsMargins(4, 2, 4, 2)
         layout.addLayout(top)
         layout.addLayout(controls)
+        # Window-wide while the bar is shown (a hidden widget's shortcuts never fire).
+        for key, slot in (("F5", self.play_button.toggle), ("Space", self.play_button.toggle),
+                          ("N", self.next_button.click), ("Right", self.next_button.click),
+                          ("End", self.last_button.click)):
+            QShortcut(QKeySequence(key), self, slot)
         self.timer = QTimer(self)
         self.timer.timeout.connect(self._tick)
         self.steps_with: dict[str, list[int]] = {}

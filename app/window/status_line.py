@@ -14,8 +14,9 @@ class StatusLine(QLabel):
         self._tokens: list[tuple[float, int]] = []  # (end of step, tokens), two seconds' worth
 
     def show_frame(self, snap, records, source, cursor: int | None, model: str, engine,
-                   running: bool) -> None:
-        """cursor: the step the user looks back at (None: the newest); engine: EngineInfo."""
+                   state: str) -> None:
+        """cursor: the step the user looks back at (None: the newest); engine: EngineInfo;
+        state: what the engine is doing and what F5 does ("": nothing ran yet)."""
         rate = self._rate(records)
         if snap is None:
             return
@@ -36,7 +37,6 @@ class StatusLine(QLabel):
         else:
             usage += f" · {rate}"
         device = engine.device if engine is not None else "?"
-        state = "running" if running else "paused" if engine is not None else ""
         self.setText(f"{model} · {device} · {usage}" + (f" · {state}" if state else ""))
 
     def _rate(self, records) -> str:

@@ -7,9 +7,9 @@ toolbar, the settings of the source shown (the session's, read-only, in replay).
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QSpinBox
+from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QSpinBox, QToolTip
 
 from kvscope.app.sources.base import FrameSource
 from kvscope.app.window.engine_controls import DEMO_PACE
@@ -25,27 +25,49 @@ def _action(w, text: str, shortcut: str, slot) -> QAction:
     return action
 
 
-def _model_box(w) -> QComboBox:
-    box = QComboBox()
-    box.setEditable(True)
-    box.addItem("demo")
-    box.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
-    # As wide as a short name, not the longest entry: the toolbar must fit 1280 px.
-    box.setMaximumWidth(box.fontMetrics().horizontalAdvance("demo") + 40)
-    box.view().setMinimumWidth(box.view().sizeHintForColumn(0) + 24)
-    box.setToolTip("demo, SmolLM2, a local model folder, a .gguf file, or a repo id in the "
-                   "local Hugging Face cache; Enter loads it")
-    box.lineEdit().returnPressed.connect(w.engine_controls.reload)
-    # A long name shows its start ("SmolLM2-13…"), not its end ("…ct (real)").
-    box.currentIndexChanged.connect(lambda _i: box.lineEdit().setCursorPosition(0))
-    return box
+class ModelBox(QComboBox):
+    """The Model list: picking an entry loads it, Enter loads what was typed (a folder, a file,
+    a repo id). The box is as wide as a short name, so its tooltip starts with the whole name
+    shown; the mouse wheel never changes (and loads) the model."""
+
+    def __init__(self, pick, enter):
+        super().__init__()
+        self.setEditable(True)
+        self.setInsertPolicy(QComboBox.NoInsert)  # a typed name that fails is not listed
+        self.addItem("demo", "demo")
+        self.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
+        # As wide as a short name, not the longest entry: the toolbar must fit 1280 px.
+        self.setMaximumWidth(self.fontMetrics().horizontalAdvance("demo") + 40)
+        self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)
+        self.setToolTip("Pick a model to load it: demo, SmolLM2, or type a local model folder, "
+                        "a .gguf file, or a repo id in the local Hugging Face cache and press "
+                        "Enter")
+        self.activated.connect(lambda i: pick(self.itemData(i)))
+        self.lineEdit().returnPressed.connect(enter)
+        # A long name shows its start ("SmolLM2-13…"), not its end ("…ct (real)").
+        self.currentIndexChanged.connect(lambda _i: self.lineEdit().setCursorPosition(0))
+
+    def show_model(self, name: str) -> None:
+        """Show a model by its name ("smollm2" as its entry's text)."""
+        i = self.findData(name)
+        self.setEditText(self.itemText(i) if i >= 0 else name)
+        self.lineEdit().setCursorPosition(0)
+
+    def event(self, e) -> bool:
+        if e.type() == QEvent.ToolTip and self.toolTip():
+            QToolTip.showText(e.globalPos(), f"{self.currentText()}\n\n{self.toolTip()}", self)
+            return True
+        return super().event(e)
+
+    def wheelEvent(self, e) -> None:  # noqa: N802 - Qt API
+        e.ignore()  # scrolling over the toolbar loads nothing
 
 
 def build_toolbar(w) -> None:
     run, files, pump = w.engine_controls, w.files, w.frame_pump
     tb = w.addToolBar("Main")
     tb.setObjectName("toolbar_main")
-    w.model_box = _model_box(w)
+    w.model_box = ModelBox(run.pick, run.reload)
     tb.addWidget(QLabel(" Model "))
     tb.addWidget(w.model_box)
     w.act_open_model = _action(w, "Open model…", "Ctrl+L", files.open_model_folder)
@@ -127,7 +149,8 @@ def build_menus(w) -> None:
 
 class EngineSettings:
     """The toolbar's engine settings: the user's while live; in replay the session's, read-only
-    (the user's come back with live)."""
+    (the user's come back with live). In replay the engine's Run demo, Pause, Step and pace are
+    off: the replay bar has its own (and takes their keys)."""
 
     def __init__(self, w):
         self.w = w
@@ -152,15 +175,16 @@ class EngineSettings:
         policy = None if source.live else source.settings().get("policy")
         w.policy_label.setText(f" policy {policy} ")
         w.policy_shown.setVisible(policy is not None)
-        for widget in self.widgets:
+        for widget in (*self.widgets, w.act_demo, w.act_pause, w.act_step, w.pace_box):
             widget.setEnabled(source.live)
+        for widget in self.widgets:
             if not isinstance(widget, QAction):
                 widget.setToolTip(self._tips[widget] if source.live else
                                   "The session's settings (read-only while replaying)")
 
     def _set(self, model: str, prefix: bool, kv: str, blocks: int, size: int) -> None:
         w = self.w
-        w.model_box.setEditText(model)
+        w.model_box.show_model(model)
         w.prefix_box.setChecked(prefix)
         w.kv_box.setCurrentText(kv)
         w.blocks_box.setValue(blocks)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 from image_compare import to_array
 from pixels import grab_pool
+from PySide6.QtCore import Qt
 from window_testutil import step
 
 from kvscope.engine.config import SamplingParams
@@ -64,9 +65,11 @@ def test_record_then_replay_draws_the_same_pool(window, qtbot, tmp_path):
             for r in window.requests.model.rows} == cached_live
     # Keyboard: ← steps back, → steps on.
     window.replay_bar.set_step(5)
-    window.act_back.trigger()
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    qtbot.keyClick(window, Qt.Key_Left)
     assert window.replay_bar.step == 4
-    window.act_step.trigger()
+    qtbot.keyClick(window, Qt.Key_Right)  # the replay bar's key (Step is the live engine's)
     assert window.replay_bar.step == 5
 
     out = tmp_path / "trace.json"

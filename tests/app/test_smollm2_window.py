@@ -51,10 +51,12 @@ def test_smollm2_from_the_drop_down_loads_and_chats(qtbot, tmp_path):
 
 
 def test_chat_on_a_model_without_a_template_is_refused_and_keeps_the_text(window, qtbot):
+    assert not window.composer.chat.isEnabled()  # the box is off on the demo model; set anyway
     window.composer.chat.setChecked(True)
     window.composer.prompt.setPlainText("Hello?")
     window.composer.submit_button.click()
     assert window.composer.prompt.toPlainText() == ""  # sent
     qtbot.waitUntil(window.banner.isVisible, timeout=20_000)
-    assert "no chat template" in window.banner.label.text()
+    assert window.banner.label.text() == ("Not queued: this model has no chat template "
+                                          "(SmolLM2-135M-Instruct has one)")  # no class, no flag
     assert window.composer.prompt.toPlainText() == "Hello?" and window.composer.messages == []
