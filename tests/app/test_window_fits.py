@@ -29,14 +29,23 @@ SIZES = [QSize(1280, 720), QSize(1600, 1000)]
 
 
 @pytest.fixture(params=SIZES, ids=lambda s: f"{s.width()}x{s.height()}")
-def screen(request, qapp):
-    """A screen of that size with the mouse on it (where a window first opens)."""
-    screens = [s for s in QGuiApplication.screens() if s.size() == request.param]
-    assert screens, "no such screen: run offscreen (tests/conftest.py gives it the screens)"
+def screen(request, qapp) -> str:
+    """The name of a screen of that size, with the mouse on it (where a window first opens).
+    Only its name is kept: PySide6 ties a QScreen's Python object to the widget whose screen()
+    returned it, and invalidates it once that widget is deleted (the C++ screen lives on)."""
+    name = f"{request.param.width()}x{request.param.height()}"
+    assert name in [s.name() for s in QGuiApplication.screens()], \
+        "no such screen: run offscreen (tests/conftest.py gives it the screens)"
     before = QCursor.pos()
-    QCursor.setPos(screens[0].geometry().center())
-    yield screens[0]
+    QCursor.setPos(area(name).center())
+    yield name
     QCursor.setPos(before)
+
+
+def area(name: str) -> QRect:
+    """The free area of the screen of that name."""
+    (screen,) = [s for s in QGuiApplication.screens() if s.name() == name]
+    return screen.availableGeometry()
 
 
 def launch(qtbot, ini: Path) -> MainWindow:
@@ -48,14 +57,14 @@ def launch(qtbot, ini: Path) -> MainWindow:
     return w
 
 
-def assert_fits(qtbot, w: MainWindow, screen, when: str) -> None:
+def assert_fits(qtbot, w: MainWindow, screen: str, when: str) -> None:
     """The window, frame and all, lies on the screen's free area, and asks for no more."""
     qtbot.wait(30)  # a layout that grows the window does so once the event loop runs
-    area = screen.availableGeometry()
-    assert w.screen() is screen, when
-    assert area.contains(w.frameGeometry()), (when, w.frameGeometry(), area)
+    free = area(screen)
+    assert w.screen().name() == screen, when
+    assert free.contains(w.frameGeometry()), (when, w.frameGeometry(), free)
     need = w.minimumSizeHint().expandedTo(w.minimumSize())
-    assert need.width() <= area.width() and need.height() <= area.height(), (when, need, area)
+    assert need.width() <= free.width() and need.height() <= free.height(), (when, need, free)
 
 
 def redock(qtbot, dock) -> None:
@@ -74,7 +83,7 @@ def test_the_window_fits_the_screen_from_first_launch_to_relaunch(qtbot, tmp_pat
     ini = tmp_path / "kvscope.ini"
     w = launch(qtbot, ini)
     assert_fits(qtbot, w, screen, "first launch")
-    assert w.width() >= min(1400, screen.availableGeometry().width() - 16)  # and uses it
+    assert w.width() >= min(1400, area(screen).width() - 16)  # and uses it
     missing = tmp_path / ("nosuchsession" * 16 + ".kvscope")  # one long word, in the banner
     assert not w.open_session(str(missing)) and w.banner.isVisible()
     assert_fits(qtbot, w, screen, "a banner with a long path")
@@ -101,11 +110,11 @@ def test_the_window_fits_the_screen_from_first_launch_to_relaunch(qtbot, tmp_pat
         w.act_detach.trigger()
     finally:
         fake.close()
-    area = screen.availableGeometry()
-    w.resize(area.width() + 200, area.height() + 100)  # made larger than the screen by hand
+    free = area(screen)
+    w.resize(free.width() + 200, free.height() + 100)  # made larger than the screen by hand
     w.act_reset_layout.trigger()
     assert_fits(qtbot, w, screen, "Reset layout")
-    assert w.width() >= min(1400, area.width() - 16)
+    assert w.width() >= min(1400, free.width() - 16)
     size, requests = w.size(), w.docks["requests"].width()
     w.close()
     again = launch(qtbot, ini)
@@ -119,14 +128,14 @@ def test_a_saved_layout_that_does_not_fit_the_screen_is_not_restored(qtbot, tmp_
     opens in the default layout, fitted to the screen, not in the squeezed one."""
     ini = tmp_path / "kvscope.ini"
     w = launch(qtbot, ini)
-    area = screen.availableGeometry()
-    w.resize(area.width() + 300, area.height() + 100)
+    free = area(screen)
+    w.resize(free.width() + 300, free.height() + 100)
     w.resizeDocks([w.docks["requests"]], [900], Qt.Horizontal)
     qtbot.waitUntil(lambda: w.docks["requests"].width() >= 850)
     w.close()
     again = launch(qtbot, ini)
     assert_fits(qtbot, again, screen, "relaunch after a layout wider than the screen")
-    assert again.width() >= min(1400, area.width() - 16)
+    assert again.width() >= min(1400, free.width() - 16)
     requests = again.docks["requests"].width()
     assert abs(requests - 0.33 * again.width()) < 40, requests  # the default share, not 900 px
     again.close()
