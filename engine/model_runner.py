@@ -103,9 +103,9 @@ class ModelRunner:
         check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device)
         if self.is_fp8 and self.kernels.name == "triton":
             kernels.check_fp8_support(self.device)
-        self.kv_cache = torch.zeros(
-            cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-            dtype=self.cache_dtype, device=self.device)
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_cache = (kernels.cpu.zeros(shape, self.cache_dtype) if self.device.type == "cpu"
+                         else torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False

@@ -470,3 +470,12 @@ def hugepage_weights(module: torch.nn.Module) -> int:
             p.data = home
             offset += size
     return offset - (-raw.data_ptr() % HUGE_PAGE)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor in a fresh anonymous mapping: the kernel hands out zero pages
+    as they are first touched, so a large KV pool costs nothing until it holds tokens
+    (``torch.zeros`` writes all of it up front: 0.65 s for SmolLM2's default pool)."""
+    n = max(1, torch.Size(shape).numel() * dtype.itemsize)
+    arena = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(arena, dtype=torch.uint8)[:n].view(dtype).view(shape)

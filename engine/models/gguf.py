@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kvscope.engine.models import get_model_class
 from kvscope.engine.models.architectures import by_gguf_name, by_hf_name, supported
 from kvscope.engine.models.config import ModelConfig, UnsupportedModelError
+from kvscope.engine.models.gguf_header import TensorInfo, read_header
 from kvscope.engine.models.weights import (
     LoadedModel,
     ModelLoadError,
@@ -62,8 +66,7 @@ def smollm2_path() -> Path:
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    return reader.fields.get(key, default)
 
 
 def gguf_hf_config(reader) -> dict[str, Any]:
@@ -121,10 +124,47 @@ def _check_types(reader, path: Path) -> None:
             + "; supported: " + ", ".join(SUPPORTED_QUANT_TYPES))
 
 
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's q/k row permutation (its ``LlamaModel.permute``)."""
     return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+            .transpose(1, 2).reshape(w.shape))
+
+
+def _blocks(tensor: TensorInfo) -> torch.Tensor:
+    _, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+    return torch.from_numpy(tensor.data).view(-1, block_bytes)
+
+
+def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    return blocks[:, at:at + 2].view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """A block's low nibbles, then its high ones (ggml's order)."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
+
+
+def dequantize(tensor: TensorInfo) -> torch.Tensor:
+    """float32 weights in numpy order. The common types run in torch, op for op as `gguf`'s
+    numpy code (so bit for bit the same: tests/models/test_gguf_header.py), ~10x faster;
+    the rest go through `gguf.dequantize`."""
+    qtype, shape = tensor.tensor_type, tensor.shape
+    if qtype == GGMLQuantizationType.F32:
+        return torch.from_numpy(tensor.data).view(torch.float32).reshape(shape)
+    if qtype == GGMLQuantizationType.F16:
+        return torch.from_numpy(tensor.data).view(torch.float16).float().reshape(shape)
+    if qtype == GGMLQuantizationType.Q4_1:
+        b = _blocks(tensor)
+        return (_half(b, 0) * _nibbles(b[:, 4:]) + _half(b, 2)).reshape(shape)
+    if qtype == GGMLQuantizationType.Q4_0:
+        b = _blocks(tensor)
+        return (_half(b, 0) * (_nibbles(b[:, 2:]) - 8)).reshape(shape)
+    if qtype == GGMLQuantizationType.Q8_0:
+        b = _blocks(tensor)
+        return (b[:, 2:].view(torch.int8).float() * _half(b, 0)).reshape(shape)
+    import gguf
+
+    return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(tensor.data, qtype)))
 
 
 def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, ...]],
@@ -144,14 +184,14 @@ def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, 
         if tensor is None:
             missing.append(hf_name)
             continue
-        w = gguf.dequantize(tensor.data, tensor.tensor_type)
+        w = dequantize(tensor)
         if tuple(w.shape) != shape:
             wrong.append(f"{tensor.name} {list(w.shape)} vs {list(shape)}")
             continue
         if arch.permuted_qk and base.endswith(("q_proj", "k_proj")):
             w = unpermute_qk(w, config.num_heads if base.endswith("q_proj")
                              else config.num_kv_heads)
-        state[hf_name] = torch.from_numpy(np.require(w, requirements=["C", "W"])).to(dtype)
+        state[hf_name] = w.to(dtype).contiguous()
     if missing or wrong:
         raise ModelLoadError("GGUF tensors do not match its metadata: "
                              + "; ".join(p for p in (
@@ -176,22 +216,36 @@ def _load_tokenizer(path: Path, reader, fingerprint: str):
     if "tokenizer.ggml.model" not in reader.fields:
         return None
     import transformers
-    from transformers import AutoTokenizer
 
     saved = cache_dir() / "tokenizers" / f"{fingerprint[:24]}-{transformers.__version__}"
     if saved.is_dir():
         try:
-            return AutoTokenizer.from_pretrained(str(saved))
+            return _saved_class(saved).from_pretrained(str(saved))
         except Exception as e:  # a damaged copy: build it again, and keep the new one
             log.info("cached tokenizer %s unreadable (%s): rebuilding it", saved, e)
             shutil.rmtree(saved, ignore_errors=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent),
+                                                               gguf_file=path.name)
     except Exception as e:
         raise ModelLoadError(f"cannot build the tokenizer from {path.name}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     _keep(tokenizer, saved)
     return tokenizer
+
+
+def _saved_class(saved: Path):
+    """The class AutoTokenizer would pick for the saved copy, without AutoTokenizer's model
+    registry (importing it is ~1 s of a ~3 s load) where it is the plain fast tokenizer."""
+    import transformers
+
+    try:
+        name = json.loads((saved / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if name in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return transformers.PreTrainedTokenizerFast
+    return transformers.AutoTokenizer
 
 
 def _keep(tokenizer, saved: Path) -> None:
@@ -212,24 +266,6 @@ def _keep(tokenizer, saved: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _reader(path: Path):
-    """`gguf`'s reader over a plain array view of the mapped file: slicing the np.memmap it
-    maps runs numpy's Python-level memmap hooks once per slice, ~1.2 M slices (~3 s) for
-    SmolLM2's vocabulary. Same bytes, same mapping (the view keeps it open)."""
-    from gguf import GGUFReader
-
-    class Reader(GGUFReader):
-        @property
-        def data(self):
-            return self._plain
-
-        @data.setter
-        def data(self, value):
-            self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
-
-    return Reader(path)
-
-
 def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
               dtype: torch.dtype | str | None = None):
     name = os.fspath(name)
@@ -237,7 +273,7 @@ def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
     try:
-        reader = _reader(path)
+        reader = read_header(path)
     except Exception as e:  # not a GGUF file, truncated, wrong magic
         raise ModelLoadError(f"cannot read {path.name} as GGUF: {e}") from None
     _check_types(reader, path)
@@ -250,17 +286,24 @@ def load_gguf(name: str | os.PathLike, device: str | torch.device = "cpu",
         raise ModelLoadError(f"{path.name}: {e}") from None
     device = torch.device(device)
     dtype = resolve_dtype(dtype, config, device)
+    fingerprint = gguf_fingerprint(path, reader)
+    # The tokenizer (mostly importing transformers, ~1.2 s, Python) loads beside the weights
+    # (torch, which lets go of the GIL): SmolLM2's load takes the longer of the two, not both.
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        tokenizer = pool.submit(_load_tokenizer, path, reader, fingerprint)
+        model = _gguf_model(reader, config, model_cls, arch_name, dtype)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer.result(),
+                       fingerprint=fingerprint, path=path,
+                       name="SmolLM2-135M-Instruct" if name == SMOLLM2 else path.name,
+                       dtype=dtype, device=device, hf_config=hf_config)
+
+
+def _gguf_model(reader, config: ModelConfig, model_cls, arch_name: str, dtype: torch.dtype):
     model, expected = meta_model(model_cls, config)
     state = gguf_state_dict(reader, config, expected, arch_name, dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     if "rope_freqs.weight" in {t.name for t in reader.tensors}:  # Llama 3.1 scaling as factors
         freqs = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        model.inv_freq = model.inv_freq / torch.from_numpy(np.asarray(freqs.data, np.float32))
-    model.requires_grad_(False).eval()
-    fingerprint = gguf_fingerprint(path, reader)
-    return LoadedModel(model=model, config=config,
-                       tokenizer=_load_tokenizer(path, reader, fingerprint),
-                       fingerprint=fingerprint, path=path,
-                       name="SmolLM2-135M-Instruct" if name == SMOLLM2 else path.name,
-                       dtype=dtype, device=device, hf_config=hf_config)
+        model.inv_freq = model.inv_freq / dequantize(freqs)
+    return model.requires_grad_(False).eval()

@@ -188,17 +188,19 @@ def test_the_tokenizer_built_from_a_gguf_file_is_kept_and_read_back_the_same(
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path, reader = smollm2_path(), types.SimpleNamespace(fields={"tokenizer.ggml.model": 0})
-    builds = []
-    real = transformers.AutoTokenizer.from_pretrained
+    builds, real = [], transformers.AutoTokenizer.from_pretrained
 
-    def counted(*args, **kw):
-        builds.append("gguf_file" in kw)
+    def counted(*args, **kw):  # the first build is real; later ones (their caching is what
+        if "gguf_file" in kw:  # is tested) reuse it: a build takes ~7 s
+            builds.append(builds[0] if builds else real(*args, **kw))
+            return builds[-1]
         return real(*args, **kw)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted)
     built = gguf_loader._load_tokenizer(path, reader, "f" * 64)
     kept = gguf_loader._load_tokenizer(path, reader, "f" * 64)
-    assert builds == [True, False]  # built from the file once, then read from the cache
+    assert len(builds) == 1 and kept is not built  # built from the file once, then read back
+    assert type(kept) is type(built)
     texts = ["The capital of France is", "  spaces\tand\ttabs\n\n", "naïve café 日本語 🙂",
              "<|im_start|>user\nhi<|im_end|>", "def f(x):\n    return x ** 2"]
     for t in texts:
@@ -214,10 +216,10 @@ def test_the_tokenizer_built_from_a_gguf_file_is_kept_and_read_back_the_same(
     [saved] = (tmp_path / "kvscope" / "tokenizers").iterdir()
     (saved / "tokenizer.json").write_text("{ damaged")
     again = gguf_loader._load_tokenizer(path, reader, "f" * 64)
-    assert builds[2:] == [False, True]  # the copy failed to load, so it was built again
+    assert len(builds) == 2  # the copy failed to load, so it was built again
     assert again.encode(texts[2]) == built.encode(texts[2])
-    gguf_loader._load_tokenizer(path, reader, "f" * 64)
-    assert builds[4:] == [False]  # ... and kept again
+    assert gguf_loader._load_tokenizer(path, reader, "f" * 64) is not builds[-1]
+    assert len(builds) == 2  # ... and kept again
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
     (tmp_path / "file").write_text("not a folder")  # the cache cannot be made

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
+from gguf_testutil import transformers_from_gguf
 from model_testutil import BlockAllocator, PagedSeq, greedy_decode
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
@@ -40,8 +40,7 @@ PROMPTS = [
 def smollm2(smollm2_model):
     path = smollm2_path()
     engine = Engine(smollm2_model, EngineConfig(num_blocks=128))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    hf = transformers_from_gguf(path)
     tok = engine.tokenizer
     chat = tok.apply_chat_template([{"role": "user", "content": "What is a KV cache? Briefly."}],
                                    add_generation_prompt=True, tokenize=False)
