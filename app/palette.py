@@ -17,6 +17,7 @@ PREFILL_COLOR = "#56b4e9"
 DECODE_COLOR = "#cc79a7"
 SELECTED_OUTLINE = "#000000"
 DEAD_OUTLINE = "#c000c0"  # dashed: resident blocks no lookup can reach (dead cache)
+MUTED = "#666666"  # secondary text: hints, the timeline's values line until a step is hovered
 
 # Display codes: the LUT index of each cell.
 CODE_FREE = 0

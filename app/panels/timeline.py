@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVB
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.timeline_envelope import _bars, _peaks, _spans
-from kvscope.app.panels.timeline_parts import EventMarkers, StepAxis, readout
+from kvscope.app.panels.timeline_parts import EventMarkers, readout
 from kvscope.app.panels.timeline_range import RangeSelection
 from kvscope.app.panels.timeline_series import (
     BATCH_LABEL,
@@ -58,10 +58,14 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.glw.setBackground("w")
         self.glw.ci.setContentsMargins(0, 2, 0, 0)  # the plots get every pixel of a short dock
         self.glw.ci.layout.setVerticalSpacing(0)
-        # One line: the legend, or the values at the step under the mouse.
-        self.readout = QLabel()
+        # Two lines: the legend (always), and the values at the step under the mouse.
+        self.legend_line = QLabel()
+        self.legend_line.setToolTip("What each line and marker is")
+        self.readout = QLabel(HOVER_HINT)
         self.readout.setToolTip(HOVER_HINT)
-        self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.readout.setStyleSheet(f"color: {palette.MUTED}")
+        for label in (self.legend_line, self.readout):
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.follow_button = QPushButton("Follow ⇥")
         self.follow_button.setToolTip("Show every step and follow the newest again "
                                       "(double-click or F)")
@@ -69,12 +73,13 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.follow_button.hide()
         self._init_range()  # a shift-dragged range: its numbers, and its export
         top = QHBoxLayout()
-        top.addWidget(self.readout, 1)
+        top.addWidget(self.legend_line, 1)
         top.addWidget(self.follow_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.setSpacing(1)
         layout.addLayout(top)
+        layout.addWidget(self.readout)
         layout.addWidget(self.range_box)
         layout.addWidget(self.glw)
         QShortcut(QKeySequence("F"), self, self.fit, context=Qt.WidgetWithChildrenShortcut)
@@ -88,7 +93,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.addAction(self.act_wall_clock)
         self._init_menu()
         self._init_series()
-        self.time_plot = self._plot("time", "ms / step", "Forward time per step: prefill (blue) "
+        self.time_plot = self._plot("time", "ms", "Forward time per step: prefill (blue) "
                                     "stacked under decode (pink)")
         self.token_plot = self._plot("tokens", "tokens", "Tokens per step (prefill + decode) "
                                      "and batch size (sequences in the step)")
@@ -96,15 +101,12 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
                                      "and free (grey) after each step; dead (dashed magenta, "
                                      "where the source knows it): cached but unreachable")
         self.hit_plot = self._plot("hit", "hit %", "Token hit rate so far: prompt tokens served "
-                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100),
-                                   bottom=StepAxis("bottom"))
-        self.x_axis = self.hit_plot.getAxis("bottom")
+                                   "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
         self.hit_plot.setYRange(0, 100, padding=0.05)
-        self.hit_plot.setLabel("bottom", STEP_LABEL)
-        for p in (self.time_plot, self.token_plot, self.block_plot):
-            p.hideAxis("bottom")
+        for p in self.plots.values():
+            p.setLabel("bottom", STEP_LABEL)
         # Filled lines rather than step curves, given the min and max of the steps under each
         # pixel (see _redraw); zoomed out, a bar per pixel. Width-1 cosmetic pens: wide lines
         # cost several times more.
@@ -134,7 +136,9 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.extent = pg.PlotCurveItem(pen=pg.mkPen(None))
         self.time_plot.addItem(self.extent)
         self.time_plot.addItem(self.region)
-        self.readout.setText(self.legend)
+        self.plots_menu = self.menu.addMenu("Plots")
+        self._init_plots_menu(self.plots_menu)
+        self.show_plots(PLOTS)  # all of them; the window shows the user's choice (use_settings)
         self.cursors, self.hover_lines = [], []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
             for lines, pen in ((self.cursors, pg.mkPen("#000000", width=1)),
@@ -162,8 +166,10 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
 
     def show_frame(self, frame: Frame) -> None:
         self.redrew = self.add_records(frame.records)  # first: the markers' steps have an x
-        if frame.dead_counts is not None:
-            self.set_series("dead", *frame.dead_counts)
+        if frame.dead_counts is not None:  # a flat 0 is not drawn (nor listed)
+            steps, counts = frame.dead_counts
+            flat = not np.any(np.asarray(counts))
+            self.set_series("dead", [] if flat else steps, [] if flat else counts)
         self.markers.add(frame.events)
 
     def clear(self) -> None:
@@ -173,6 +179,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self._hit = self._query = 0
         self.markers.clear()
         self.clear_range()
+        self.time_plot.setXRange(0, 1, padding=0)  # not the last run's steps: nothing yet
         self.fit()  # a new run: follow it again
         self._redraw()
 
@@ -211,10 +218,12 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.wall_clock = on
         self.act_wall_clock.setChecked(on)
         self.x = self._x_of(self.data)
-        self.x_axis.seconds = on
-        self.x_axis.picture = None  # its ticks are computed anew
-        self.x_axis.setLabel(SECONDS_LABEL if on else STEP_LABEL)
-        self.x_axis.showLabel(self._tall())  # setLabel shows it
+        for p in self.plots.values():
+            axis = p.getAxis("bottom")
+            axis.seconds = on
+            axis.picture = None  # its ticks are computed anew
+            axis.setLabel(SECONDS_LABEL if on else STEP_LABEL)
+        self._update_titles()  # setLabel shows them
         self.markers.to_x = self.step_x
         self.markers.place()
         self._place_series()
@@ -282,16 +291,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(event)
-        # Short plots have no room for their rotated axis titles (they would overlap): the
-        # legend line names the curves instead.
-        tall = self._tall()
-        for p in self.plots.values():
-            p.getAxis("left").showLabel(tall)
-        self.x_axis.showLabel(tall)  # the ticks say "s" on the wall-clock axis
-        # "batch": the legend says it too
-        self.token_plot.getAxis("right").showLabel(tall and self.series["batch"].visible)
-        hit_ticks = (0, 50, 100) if tall else (0, 100)  # three labels would overlap
-        self.hit_plot.getAxis("left").setTicks([[(v, str(v)) for v in hit_ticks]])
+        self._update_titles()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt API
         super().showEvent(event)
@@ -392,7 +392,6 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
             line.setVisible(i is not None)
             if i is not None:
                 line.setValue(self.x[i])
-        self._hovering = i is not None or self._hovering
         if i is not None:
             self.readout.setText(self._readout_of(self.data, i,
                                                   self.markers.at(int(self.data["step"][i]))))
@@ -414,8 +413,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         if event.type() == QEvent.Leave:
             for line in self.hover_lines:
                 line.hide()
-            self._hovering = False
-            self.readout.setText(self.legend)
+            self.readout.setText(HOVER_HINT)
         elif event.type() == QEvent.MouseButtonDblClick:
             self.fit()
         elif event.type() in (QEvent.MouseButtonPress, QEvent.MouseMove,

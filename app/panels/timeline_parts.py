@@ -113,7 +113,7 @@ def readout(data: dict[str, np.ndarray], i: int, events: list[str]) -> str:
     q = data["query_tokens"][i]
     hit = f"{100 * data['hit_tokens'][i] / q:.0f} %" if q else "–"
     at = data["start_s"][i] - data["start_s"][0]
-    text = (f"step {int(data['step'][i])} (at {at:.3f} s) · prefill "
+    text = (f"step {int(data['step'][i])} (at {at:.3f} s): prefill "
             f"{data['prefill_ms'][i]:.1f} ms · decode {data['decode_ms'][i]:.1f} ms · tokens "
             f"{int(data['prefill_tokens'][i] + data['decode_tokens'][i])} · batch "
             f"{int(data['batch'][i])} · blocks {int(data['active'][i])} active / "

@@ -17,11 +17,17 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from kvscope.app.panels.plot_grid import Grid
-from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis
+from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis, StepAxis
 
 PLOTS = ("time", "tokens", "blocks", "hit")  # top to bottom; "batch": the tokens plot's right axis
 BATCH_LABEL = "batch"
-LABELS_MIN_HEIGHT = 300  # px of timeline under which the axis titles are hidden
+# What the user can show (the View menu and the plots' right-click menu; kept in QSettings);
+# the time plot always is (it holds the x range, the events and the selected range).
+PLOT_NAMES = {"time": "Forward time per step", "tokens": "Tokens and batch size",
+              "blocks": "Blocks (active, cached, free)", "hit": "Token hit rate"}
+DEFAULT_PLOTS = ("time", "blocks")  # two plots fit a short dock with their titles
+PLOTS_KEY = "timeline/plots"
+TITLE_MIN_HEIGHT = 64  # px per plot under which its rotated y title would not fit
 GLYPHS = {"t": "▼", "d": "◆", "x": "✖", "s": "■"}  # the markers' symbols, as text
 
 
@@ -43,10 +49,14 @@ class Series:
         """Shown, and drawn: the timeline's own always are; another once it has data."""
         return self.visible and (self.own or len(self.steps) > 0)
 
+    def on(self, plots) -> bool:
+        """On one of these plots (the batch line is on the tokens plot)."""
+        return ("tokens" if self.plot == "batch" else self.plot) in plots
+
 
 class SeriesPlots:
     """The plots and series of a Timeline (a mixin: the Timeline is a QWidget with `glw`, a
-    pyqtgraph GraphicsLayoutWidget, a `readout` label and `step_x(steps)`)."""
+    pyqtgraph GraphicsLayoutWidget, a `legend_line` label, `batch_view` and `step_x(steps)`)."""
 
     def _init_series(self) -> None:
         self.plots: dict[str, pg.PlotItem] = {}
@@ -55,13 +65,12 @@ class SeriesPlots:
         self._default_titles: dict[str, str] = {}
         self._default_tips: dict[str, str] = {}
         self._tokens_shown = self._tokens_top = 0.0  # the tokens plot's highest value in view
-        self._hovering = False  # the readout shows a step's values, not the legend
+        self.shown_plots: tuple[str, ...] = PLOTS
 
     # ------------------------------------------------------------------ plots
-    def _plot(self, name: str, label: str, tip: str, ticks=None, bottom=None) -> pg.PlotItem:
-        axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right")}
-        if bottom is not None:
-            axes["bottom"] = bottom
+    def _plot(self, name: str, label: str, tip: str, ticks=None) -> pg.PlotItem:
+        axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right"),
+                "bottom": StepAxis("bottom")}  # shown on the lowest plot shown
         p = self.glw.addPlot(row=len(self.plots), col=0, axisItems=axes)
         p.setLabel("left", label)
         p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
@@ -72,6 +81,7 @@ class SeriesPlots:
         p.getAxis("left").setWidth(56)
         p.setToolTip(tip)
         self._default_tips[name] = tip
+        p.vb.sigResized.connect(self._update_titles)  # a title shows where it fits
         self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
         for axis in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
             p.getAxis(axis).enableAutoSIPrefix(False)
@@ -96,13 +106,96 @@ class SeriesPlots:
         return view
 
     def _tall(self) -> bool:
-        return self.height() >= LABELS_MIN_HEIGHT
+        """Room for the x title and the right axis's (a short timeline gives their lines to the
+        plots: the ticks show the unit): plots of TITLE_MIN_HEIGHT, and one more."""
+        return self.glw.height() >= TITLE_MIN_HEIGHT * (len(self.shown_plots) + 1)
+
+    @staticmethod
+    def _title_fits(plot: pg.PlotItem) -> bool:
+        """The plot's rotated y title is no longer than the plot is tall."""
+        label = plot.getAxis("left").label
+        return plot.vb.height() >= label.boundingRect().width()
+
+    @property
+    def x_axis(self) -> StepAxis:
+        """The x axis shown: under the lowest plot shown."""
+        return self.plots[self.shown_plots[-1]].getAxis("bottom")
+
+    def show_plots(self, names) -> None:
+        """Show these plots (the time plot always, and those the source shown requires), top to
+        bottom in PLOTS' order; the others and their lines leave the layout, and the legend."""
+        self._chosen = tuple(n for n in PLOTS if n == "time" or n in names)
+        if getattr(self, "_settings", None) is not None:
+            self._settings.setValue(PLOTS_KEY, list(self._chosen))
+        self._lay_out_plots()
+
+    def require_plots(self, names) -> None:
+        """Plots the source shown draws its lines on (an attached server's stored and removed
+        blocks): shown whatever the user chose, and not kept as their choice."""
+        self._required = tuple(names)
+        self._lay_out_plots()
+
+    def _lay_out_plots(self) -> None:
+        want = set(self._chosen) | set(getattr(self, "_required", ()))
+        shown = tuple(n for n in PLOTS if n in want)
+        self.shown_plots = shown
+        layout = self.glw.ci.layout
+        for p in self.plots.values():
+            layout.removeItem(p)
+        for row, name in enumerate(shown):
+            layout.addItem(self.plots[name], row, 0)
+        for name, p in self.plots.items():
+            p.setVisible(name in shown)
+            p.showAxis("bottom", name == shown[-1])
+        self.batch_view.setVisible("tokens" in shown)
+        for name, action in getattr(self, "plot_actions", {}).items():
+            action.setChecked(name in shown)
+            action.setEnabled(name != "time" and name not in getattr(self, "_required", ()))
+        self._update_titles()
+        self._legend_changed()
+
+    def use_settings(self, settings) -> None:
+        """Show the plots last chosen (DEFAULT_PLOTS the first time) and keep each choice."""
+        saved = settings.value(PLOTS_KEY, list(DEFAULT_PLOTS))
+        saved = [saved] if isinstance(saved, str) else list(saved or ())
+        self._settings = None
+        self.show_plots([n for n in saved if n in PLOTS])
+        self._settings = settings
+
+    def _init_plots_menu(self, menu) -> None:
+        """A checkable entry per plot, in `menu` (the time plot's is always on)."""
+        from PySide6.QtGui import QAction
+
+        self.plot_actions = {}
+        for name in PLOTS:
+            action = QAction(PLOT_NAMES[name], self, checkable=True, checked=True)
+            action.setEnabled(name != "time")
+            action.toggled.connect(lambda on, n=name: self._toggle_plot(n, on))
+            menu.addAction(action)
+            self.plot_actions[name] = action
+
+    def _toggle_plot(self, name: str, on: bool) -> None:
+        if on != (name in self.shown_plots):
+            self.show_plots([n for n in self._chosen if n != name] + ([name] if on else []))
+
+    def _update_titles(self) -> None:
+        """Short plots have no room for their rotated titles (they would overlap): hidden
+        then, where the legend line names the curves."""
+        if "batch" not in self.series:  # still being built
+            return
+        tall = self._tall()
+        for p in self.plots.values():
+            p.getAxis("left").showLabel(self._title_fits(p))
+        self.x_axis.showLabel(tall)  # the ticks say "s" on the wall-clock axis
+        self.plots["tokens"].getAxis("right").showLabel(tall and self.series["batch"].visible)
+        hit_ticks = (0, 50, 100) if tall else (0, 100)  # three labels would overlap
+        self.plots["hit"].getAxis("left").setTicks([[(v, str(v)) for v in hit_ticks]])
 
     def set_axis_label(self, plot: str, text: str | None = None) -> None:
         """The plot's y title (None: its own)."""
         axis = self.plots[plot].getAxis("left")
         axis.setLabel(self._default_titles[plot] if text is None else text)
-        axis.showLabel(self._tall())  # setLabel shows it: a short dock has no room
+        axis.showLabel(self._title_fits(self.plots[plot]))  # setLabel shows it
 
     def set_plot_tip(self, plot: str, text: str | None = None) -> None:
         """The plot's tooltip, what its lines are (None: its own)."""
@@ -227,11 +320,10 @@ class SeriesPlots:
         """Every line shown and every marker, in one line above the plots (a legend inside a
         plot covers its curves)."""
         items = [f"<span style='color:{s.color}'>{'┅' if s.dashed else '━'}</span>&nbsp;{s.label}"
-                 for s in self.series.values() if s.in_legend]
+                 for s in self.series.values() if s.in_legend and s.on(self.shown_plots)]
         items += [f"<span style='color:{color}'>{GLYPHS[symbol]}</span>&nbsp;{label}"
                   for symbol, color, label in MARKERS.values()]
         return "&nbsp;&nbsp; ".join(items)
 
     def _legend_changed(self) -> None:
-        if not self._hovering:
-            self.readout.setText(self.legend)
+        self.legend_line.setText(self.legend)

@@ -195,6 +195,7 @@ class AttachOverlay:
         for plot, tip in ATTACH_TIPS.items():
             tl.set_plot_tip(plot, tip if self.active else None)
         tl.set_readout(self.readout if self.active else None)
+        tl.require_plots(("tokens",) if self.active else ())  # where stored/removed are drawn
 
     def _banner_text(self, problem: str) -> str:
         return f"Attached to {self.w.source.name}: {problem}"
@@ -210,7 +211,7 @@ class AttachOverlay:
     def readout(self, data, i: int, events: list[str]) -> str:
         """The timeline's readout at sample i, in the words of an attached server."""
         step = int(data["step"][i])
-        text = (f"step {step} (at {data['start_s'][i] - data['start_s'][0]:.3f} s) · stored "
+        text = (f"step {step} (at {data['start_s'][i] - data['start_s'][0]:.3f} s): stored "
                 f"{self._at('stored', step):.0f} · removed {self._at('removed', step):.0f} · "
                 f"resident {int(data['cached'][i])} · free slots {int(data['free'][i])}")
         if self._at("preemptions", step):

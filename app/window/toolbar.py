@@ -144,6 +144,9 @@ def build_menus(w) -> None:
             w.view_menu.addAction(action)
     w.view_menu.addSeparator()
     w.view_menu.addAction(w.timeline.act_wall_clock)
+    w.timeline.plots_menu.setTitle("Timeline plots")
+    w.view_menu.addMenu(w.timeline.plots_menu)  # the plots' right-click menu has it too
+    w.timeline.use_settings(w.settings)
     w.act_reset_layout = w.view_menu.addAction("Reset layout", w.docking.reset)
 
 

@@ -98,6 +98,8 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
                     w.timeline.data["cached"][-1] == 5, timeout=3000)
     assert "removed blocks" in w.timeline.legend
     assert not w.timeline.token_plot.getAxis("right").style["showValues"]  # no batches here
+    # its stored/removed lines are on the tokens plot: shown while attached, whatever was chosen
+    assert w.timeline.token_plot.isVisible() and not w.timeline.plot_actions["tokens"].isEnabled()
     # a click on a cell: what the server holds in that slot
     slot = int(np.flatnonzero(w.snapshot.state)[0])
     pool = w.pool
@@ -124,6 +126,7 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     assert w.source is w.live and not w.act_detach.isEnabled()
     assert "removed blocks" not in w.timeline.legend
     assert w.timeline.token_plot.getAxis("right").style["showValues"]
+    assert not w.timeline.token_plot.isVisible()  # the user's choice (the default) again
     assert "darker = evicted sooner" in pool.legend.text()
     assert pool.hover_label.text() == "hover a block for details"
 

@@ -159,7 +159,7 @@ def test_a_series_is_in_the_legend_while_shown_and_drawn(timeline):
     t.add_series("stored", "tokens", "#009e73", "stored blocks", dashed=True)
     assert "stored blocks" not in t.legend  # nothing drawn yet
     t.set_series("stored", [2, 5, 9], [1, 4, 2])
-    assert "┅</span>&nbsp;stored blocks" in t.legend and "stored blocks" in t.readout.text()
+    assert "┅</span>&nbsp;stored blocks" in t.legend and "stored blocks" in t.legend_line.text()
     x, y = t.series["stored"].items[0].getData()
     assert x.tolist() == [2, 5, 9] and y.tolist() == [1, 4, 2]
     assert t.series["stored"].items[0].opts["pen"].style() == Qt.PenStyle.DashLine

@@ -12,7 +12,7 @@ from test_timeline import records
 from window_testutil import beside_a_label
 
 from kvscope.app.frames import Frame
-from kvscope.app.panels.timeline import Timeline
+from kvscope.app.panels.timeline import HOVER_HINT, Timeline
 from kvscope.engine import events as ev
 
 
@@ -73,9 +73,10 @@ def test_it_follows_until_panned_then_follow_f_and_double_click_fit(timeline, qt
     qtbot.mouseRelease(vp, Qt.LeftButton, pos=at_step(t, t.block_plot, 20))  # QTest's state
 
 
-def test_hover_shows_every_value_at_the_step_and_the_legend_again_on_leaving(timeline, qtbot):
+def test_hover_shows_every_value_at_the_step_beside_the_legend(timeline, qtbot):
     t = timeline
     r = records(100)[42]
+    legend = t.legend_line.text()
     qtbot.mouseMove(t.glw.viewport(), at_step(t, t.token_plot, 42.2))
     qtbot.waitUntil(lambda: t.readout.text().startswith("step 42 "))
     text = t.readout.text()
@@ -85,8 +86,10 @@ def test_hover_shows_every_value_at_the_step_and_the_legend_again_on_leaving(tim
     assert (f"blocks {r.num_active_blocks} active / {r.num_cached_blocks} cached / "
             f"{r.num_free_blocks} free") in text
     assert all(line.isVisible() and line.value() == 42 for line in t.hover_lines)
+    assert t.legend_line.text() == legend == t.legend  # hovering keeps the legend in sight
+    assert text.startswith("step 42 (at ") and "s): prefill" in text
     qtbot.mouseMove(t.other, QPoint(3, 3))
-    qtbot.waitUntil(lambda: t.readout.text() == t.legend)  # the legend again
+    qtbot.waitUntil(lambda: t.readout.text() == HOVER_HINT)  # how to read it, again
     assert not any(line.isVisible() for line in t.hover_lines)
 
 
@@ -124,7 +127,7 @@ def test_events_are_marked_on_the_time_plot(timeline, qtbot):
 
 def test_the_legend_names_every_curve_in_its_colour_and_every_marker(timeline):
     t = timeline
-    text = t.readout.text()  # until the mouse hovers a step
+    text = t.legend_line.text()
     for curve in (t.prefill_curve, t.total_curve, t.tokens_curve, t.batch_curve,
                   t.active_curve, t.cached_curve, t.free_curve, t.hit_curve):
         assert f"color:{curve.opts['pen'].color().name()}" in text
