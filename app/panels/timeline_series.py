@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
 
 from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis, StepAxis
@@ -27,7 +28,7 @@ PLOT_NAMES = {"time": "Forward time per step", "tokens": "Tokens and batch size"
               "blocks": "Blocks (active, cached, free)", "hit": "Token hit rate"}
 DEFAULT_PLOTS = ("time", "blocks")  # two plots fit a short dock with their titles
 PLOTS_KEY = "timeline/plots"
-TITLE_MIN_HEIGHT = 64  # px per plot under which its rotated y title would not fit
+TITLE_MIN_HEIGHT = 64  # px per plot shown, and one more, for the x title and the batch axis's
 GLYPHS = {"t": "▼", "d": "◆", "x": "✖", "s": "■"}  # the markers' symbols, as text
 
 
@@ -66,6 +67,10 @@ class SeriesPlots:
         self._default_tips: dict[str, str] = {}
         self._tokens_shown = self._tokens_top = 0.0  # the tokens plot's highest value in view
         self.shown_plots: tuple[str, ...] = PLOTS
+        self._chosen: tuple[str, ...] = PLOTS  # the user's (show_plots)
+        self._required: tuple[str, ...] = ()  # the source's (require_plots)
+        self._settings = None  # where the user's choice is kept (use_settings)
+        self.plot_actions: dict[str, QAction] = {}
 
     # ------------------------------------------------------------------ plots
     def _plot(self, name: str, label: str, tip: str, ticks=None) -> pg.PlotItem:
@@ -125,7 +130,7 @@ class SeriesPlots:
         """Show these plots (the time plot always, and those the source shown requires), top to
         bottom in PLOTS' order; the others and their lines leave the layout, and the legend."""
         self._chosen = tuple(n for n in PLOTS if n == "time" or n in names)
-        if getattr(self, "_settings", None) is not None:
+        if self._settings is not None:
             self._settings.setValue(PLOTS_KEY, list(self._chosen))
         self._lay_out_plots()
 
@@ -136,7 +141,7 @@ class SeriesPlots:
         self._lay_out_plots()
 
     def _lay_out_plots(self) -> None:
-        want = set(self._chosen) | set(getattr(self, "_required", ()))
+        want = set(self._chosen) | set(self._required)
         shown = tuple(n for n in PLOTS if n in want)
         self.shown_plots = shown
         layout = self.glw.ci.layout
@@ -148,9 +153,9 @@ class SeriesPlots:
             p.setVisible(name in shown)
             p.showAxis("bottom", name == shown[-1])
         self.batch_view.setVisible("tokens" in shown)
-        for name, action in getattr(self, "plot_actions", {}).items():
+        for name, action in self.plot_actions.items():
             action.setChecked(name in shown)
-            action.setEnabled(name != "time" and name not in getattr(self, "_required", ()))
+            action.setEnabled(name != "time" and name not in self._required)
         self._update_titles()
         self._legend_changed()
 
@@ -164,9 +169,6 @@ class SeriesPlots:
 
     def _init_plots_menu(self, menu) -> None:
         """A checkable entry per plot, in `menu` (the time plot's is always on)."""
-        from PySide6.QtGui import QAction
-
-        self.plot_actions = {}
         for name in PLOTS:
             action = QAction(PLOT_NAMES[name], self, checkable=True, checked=True)
             action.setEnabled(name != "time")
