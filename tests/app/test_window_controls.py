@@ -10,8 +10,9 @@ import json
 import shutil
 
 import pytest
-from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QToolBar, QToolTip
+from PySide6.QtCore import QEvent, QPoint, Qt
+from PySide6.QtGui import QHelpEvent
+from PySide6.QtWidgets import QApplication, QToolBar, QToolTip
 from window_testutil import LOAD_TIMEOUT_MS, bare_window, open_replay
 
 from kvscope.app.window import engine_controls
@@ -49,10 +50,13 @@ def type_model(qtbot, box, name: str, enter: bool = True) -> None:
 
 
 def tooltip(qtbot, widget) -> str:
-    """Hover the widget until its tooltip shows; its text."""
+    """Hover the widget and ask for its tooltip (the QHelpEvent Qt sends once the pointer rests:
+    the hover timer alone missed now and then under load offscreen); its text."""
     QToolTip.hideText()
     qtbot.mouseMove(widget.window(), QPoint(1, widget.window().height() - 1))  # away, then on
-    qtbot.mouseMove(widget, QPoint(widget.width() // 2, widget.height() // 2))
+    middle = QPoint(widget.width() // 2, widget.height() // 2)
+    qtbot.mouseMove(widget, middle)
+    QApplication.sendEvent(widget, QHelpEvent(QEvent.ToolTip, middle, widget.mapToGlobal(middle)))
     qtbot.waitUntil(QToolTip.isVisible, timeout=5000)
     return QToolTip.text()
 
