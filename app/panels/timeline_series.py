@@ -28,7 +28,7 @@ PLOT_NAMES = {"time": "Forward time per step", "tokens": "Tokens and batch size"
               "blocks": "Blocks (active, cached, free)", "hit": "Token hit rate"}
 DEFAULT_PLOTS = ("time", "blocks")  # two plots fit a short dock with their titles
 PLOTS_KEY = "timeline/plots"
-TITLE_MIN_HEIGHT = 64  # px per plot shown, and one more, for the x title and the batch axis's
+TITLE_MIN_HEIGHT = 64  # px per plot shown, and one more, before the x and batch titles show
 GLYPHS = {"t": "▼", "d": "◆", "x": "✖", "s": "■"}  # the markers' symbols, as text
 
 
