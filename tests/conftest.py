@@ -14,14 +14,49 @@ try:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    # One CPU thread per test process (the workers share the cores), from the start: session and
+    # module fixtures run before _one_torch_thread (transformers' SmolLM2 reference ran on two).
+    torch.set_num_threads(1)
 except ImportError:  # pragma: no cover - torch is a dependency
     pass
 
 
+# Under pytest-xdist (README: -n auto) each group's tests run on one worker, which pays their
+# costly setup once: importing vLLM (10 s: conformance/vllm_ref.py) and SmolLM2 with
+# transformers' reference run of it (20 s: the smollm2_model fixture). (pytest-xdist's own
+# xdist_group marks never reach its scheduler under pytest 9: xdist renames the item's _nodeid,
+# which pytest 9 no longer reads.)
+SHARED_SETUP = {"tests/conformance/": "vllm", "tests/models/test_smollm2.py": "smollm2",
+                "tests/models/test_gguf_loader.py": "smollm2",
+                "tests/engine/test_chat_workload.py": "smollm2"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default (--dist load: each test to whichever worker is free) with the groups
+    above as one unit each, handed out first (the largest units first)."""
+    if config.getvalue("dist") != "load":
+        return None  # a --dist the user chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((group for prefix, group in SHARED_SETUP.items()
+                         if nodeid.startswith(prefix)), nodeid)
+
+    return SharedSetupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first: started last, one would leave the other workers idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_collection_finish(session):
-    """What the test modules imported (torch, vLLM, Qt: over 600,000 objects) lives to the end:
-    kept out of every later collection, which then looks only at what the tests made. A full
-    collection took 0.5 s here; the Qt tests below run two each, and Python runs its own."""
+    """What the test modules imported (torch, transformers, Qt: hundreds of thousands of
+    objects) lives to the end: kept out of every later collection, which then looks only at what
+    the tests made. A full collection took 0.2-0.5 s here; each Qt test runs two (below), Python
+    runs its own."""
     gc.collect()
     gc.freeze()
 

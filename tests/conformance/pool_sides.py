@@ -14,23 +14,11 @@ from array import array
 from collections import Counter
 
 import torch
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
-from vllm.v1.core.kv_cache_utils import (
-    get_request_block_hasher,
-    init_none_hash,
-    maybe_convert_block_hash,
-)
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.request import Request
+import vllm_ref as vr
 
 from kvscope.engine import events as ev
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.kv_cache_manager import KVCacheManager
-
-init_none_hash(sha256)
 
 
 def content_names(salt, tokens, block_size, start: int = 0, parent: bytes = b""):
@@ -92,24 +80,25 @@ class VllmSide(_Side):
         after its block, for a drafter)."""
         super().__init__(block_size)
         self.on_events = on_events
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
-                                 dtype=torch.float32)
-        config = KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
-        self.manager = VllmManager(config, max_model_len=1 << 20,
-                                   scheduler_block_size=block_size, hash_block_size=block_size,
-                                   enable_caching=True, enable_kv_cache_events=True,
-                                   num_hash_lookahead_tokens=lookahead)
-        self._hasher = get_request_block_hasher(block_size, sha256, lookahead)
+        spec = vr.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
+                                    dtype=torch.float32)
+        config = vr.KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[],
+                                  kv_cache_groups=[vr.KVCacheGroupSpec(["layer.0"], spec)])
+        self.manager = vr.KVCacheManager(config, max_model_len=1 << 20,
+                                         scheduler_block_size=block_size,
+                                         hash_block_size=block_size, enable_caching=True,
+                                         enable_kv_cache_events=True,
+                                         num_hash_lookahead_tokens=lookahead)
+        self._hasher = vr.get_request_block_hasher(block_size, vr.sha256, lookahead)
         self.requests: dict = {}
         self._named: dict = {}  # request -> how many of its block hashes are named
 
     def admit(self, rid, tokens, salt=None, lora=None, mm=None, embeds=None) -> int | None:
         """lora: a vllm.lora.request.LoRARequest; mm: vLLM MultiModalFeatureSpecs (sorted by
         offset); embeds: a prompt-embeddings tensor, one row per token."""
-        r = Request(str(rid), list(tokens), SamplingParams(max_tokens=1 << 20), None,
-                    block_hasher=self._hasher, cache_salt=salt, lora_request=lora,
-                    mm_features=mm, prompt_embeds=embeds)
+        r = vr.Request(str(rid), list(tokens), vr.SamplingParams(max_tokens=1 << 20), None,
+                       block_hasher=self._hasher, cache_salt=salt, lora_request=lora,
+                       mm_features=mm, prompt_embeds=embeds)
         self._learn_request(r)
         blocks, hit, _ = self.manager.get_computed_blocks(r)
         if self.manager.allocate_slots(r, r.num_tokens - hit, hit, blocks) is None:
@@ -151,7 +140,7 @@ class VllmSide(_Side):
 
     def _learn_request(self, r) -> None:
         n = self._named.get(r.request_id, 0)  # (with lookahead the names run ahead of these)
-        new = [maybe_convert_block_hash(h) for h in r.block_hashes[n:]]
+        new = [vr.maybe_convert_block_hash(h) for h in r.block_hashes[n:]]
         self._named[r.request_id] = len(r.block_hashes)
         self._learn(r.request_id, [None] * n + new, _identity(r), r.all_token_ids)
 
@@ -162,13 +151,13 @@ class VllmSide(_Side):
         if self.on_events is not None and events:
             self.on_events(events)
         for e in events:
-            if isinstance(e, BlockStored):
+            if isinstance(e, vr.BlockStored):
                 for h in e.block_hashes:
                     self._stored(h)
-            elif isinstance(e, BlockRemoved):
+            elif isinstance(e, vr.BlockRemoved):
                 for h in e.block_hashes:
                     self._removed(h)
-            elif isinstance(e, AllBlocksCleared):
+            elif isinstance(e, vr.AllBlocksCleared):
                 self.resident.clear()
 
 

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+import vllm_ref as vr
 from traffic import multi_turn, play
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_block_hash, maybe_convert_block_hash
 from vllm_server import VllmServer
 
 from kvscope.sessions.kv_events import Attachment
@@ -62,8 +62,8 @@ def attach(endpoint: str, server: VllmServer) -> Attachment:
 def vllm_state(server: VllmServer) -> dict:
     """What vLLM published (all lifetimes) and what its block pool holds now: hash -> copies."""
     cached = server.side.manager.block_pool.cached_block_hash_to_block._cache
-    copies = {maybe_convert_block_hash(get_block_hash(k)):
-              1 if isinstance(v, KVCacheBlock) else len(v) for k, v in cached.items()}
+    copies = {vr.maybe_convert_block_hash(vr.get_block_hash(k)):
+              1 if isinstance(v, vr.KVCacheBlock) else len(v) for k, v in cached.items()}
     return dict(stored=server.num_stored, removed=server.num_removed, resident=len(copies),
                 hashes=copies)
 

@@ -11,14 +11,8 @@ import sys
 
 import pytest
 import torch
-import vllm.v1.core.block_pool as vllm_block_pool
-import vllm.v1.core.kv_cache_utils as vllm_utils
+import vllm_ref as vr
 from traffic import multi_turn, play
-from vllm.distributed.kv_events import BlockStored
-from vllm.lora.request import LoRARequest
-from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
 from vllm_server import VllmServer
 
 from kvscope.sessions.kv_events import Attachment, Mirror
@@ -26,8 +20,12 @@ from kvscope.sessions.kv_events.parity import HashParity, HashSettings
 from kvscope.sessions.kv_events.slots import HashSlots, short_key
 from kvscope.sessions.kv_events.vllm_rules import LORA_PATH, UNKNOWN_FORM
 
-LORAS = {"tenant-0": LoRARequest("adapter-a", 1, "/adapters/a"),
-         "tenant-1": LoRARequest("adapter-b", 2, "/adapters/b")}
+
+def loras() -> dict:
+    return {"tenant-0": vr.LoRARequest("adapter-a", 1, "/adapters/a"),
+            "tenant-1": vr.LoRARequest("adapter-b", 2, "/adapters/b")}
+
+
 PATHS = {"adapter-a": "/adapters/a", "adapter-b": "/adapters/b"}
 
 
@@ -131,7 +129,7 @@ def test_salted_traffic_verifies_every_block_and_shows_each_salt_as_a_root(serve
 
 
 def test_lora_traffic_verifies_with_the_adapter_paths_and_is_unverifiable_without(server):
-    play(Publishing(server, LORAS, keep={"tenant-0"}), multi_turn(2))  # a + salt; b, no salt
+    play(Publishing(server, loras(), keep={"tenant-0"}), multi_turn(2))  # a + salt; b, no salt
     m = attach(server, vllm_version="0.33", lora_paths=PATHS)
     assert verdict(m) == (m.num_stored, 0, {}), m.parity.lines()
     lora_blocks = sum(len(e.block_hashes) for e in server_stores(server) if e.lora_name)
@@ -154,11 +152,12 @@ def test_lora_traffic_verifies_with_the_adapter_paths_and_is_unverifiable_withou
 
 def server_stores(server: VllmServer) -> list:
     """Every BlockStored the server published."""
-    return [e for e in server.sent if isinstance(e, BlockStored)]
+    return [e for e in server.sent if isinstance(e, vr.BlockStored)]
 
 
-def image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
-    return MultiModalFeatureSpec(None, "image", identifier, PlaceholderRange(offset, length))
+def image(identifier: str, offset: int, length: int):
+    return vr.MultiModalFeatureSpec(None, "image", identifier,
+                                    vr.PlaceholderRange(offset, length))
 
 
 def test_multimodal_prompt_embeds_and_lookahead_blocks_verify():
@@ -191,17 +190,18 @@ def test_multimodal_prompt_embeds_and_lookahead_blocks_verify():
 def test_the_untagged_rule_of_vllm_0_30_stays_correct(server, monkeypatch):
     """vLLM's own manager with its extra keys written as 0.17 to 0.30 did: hashed untagged
     (LoRA by name, (identifier, offset), the salt, the digest) and published as hashed."""
-    tagged = vllm_utils.generate_block_hash_extra_keys
+    tagged = vr.kv_cache_utils.generate_block_hash_extra_keys
 
     def untagged(*args):
         keys, mm_idx = tagged(*args)
-        return (None if keys is None else vllm_utils.to_event_extra_keys([keys])[0]), mm_idx
+        event_keys = None if keys is None else vr.kv_cache_utils.to_event_extra_keys([keys])[0]
+        return event_keys, mm_idx
 
-    for module in (vllm_utils, vllm_block_pool):
+    for module in (vr.kv_cache_utils, vr.block_pool):
         monkeypatch.setattr(module, "generate_block_hash_extra_keys", untagged)
-    monkeypatch.setattr(vllm_block_pool, "to_event_extra_keys", lambda keys: keys or None)
+    monkeypatch.setattr(vr.block_pool, "to_event_extra_keys", lambda keys: keys or None)
     # (both are looked up when called: the server's manager and hasher use the patched ones)
-    play(Publishing(server, {"tenant-0": LORAS["tenant-0"]}), multi_turn(3))
+    play(Publishing(server, {"tenant-0": loras()["tenant-0"]}), multi_turn(3))
     # (a 0.17 server drew a random NONE_HASH unless PYTHONHASHSEED was set: this one's is
     # vLLM's fixed seed, as if PYTHONHASHSEED=vllm-none-hash)
     for settings in ({"vllm_version": "0.30.0"}, {"vllm_version": "0.17", "seed": "vllm-none-hash"},
@@ -218,12 +218,12 @@ def test_the_untagged_rule_of_vllm_0_30_stays_correct(server, monkeypatch):
 def planted(server: VllmServer, extra: tuple, tokens: list[int], parent=None):
     """A store whose hash vLLM's own hash_block_tokens computed with `extra` as the extra
     keys, published untagged by vLLM's to_event_extra_keys."""
-    digest = hash_block_tokens(sha256, parent, tokens, extra)
-    server.pending.append(BlockStored(
-        block_hashes=[maybe_convert_block_hash(digest)],
-        parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+    digest = vr.hash_block_tokens(vr.sha256, parent, tokens, extra)
+    server.pending.append(vr.BlockStored(
+        block_hashes=[vr.maybe_convert_block_hash(digest)],
+        parent_block_hash=None if parent is None else vr.maybe_convert_block_hash(parent),
         token_ids=tokens, block_size=len(tokens), lora_id=None, medium="GPU", lora_name=None,
-        extra_keys=vllm_utils.to_event_extra_keys([extra])))
+        extra_keys=vr.kv_cache_utils.to_event_extra_keys([extra])))
     server.step()
     return digest
 
@@ -245,7 +245,7 @@ def test_a_planted_wrong_tag_is_reported_as_a_mismatch(server):
 
 
 def test_headless_attach_checks_salted_lora_traffic_with_the_options(server):
-    play(Publishing(server, LORAS, keep={"tenant-0"}), multi_turn(4))
+    play(Publishing(server, loras(), keep={"tenant-0"}), multi_turn(4))
     server.wait_published()
     base = [sys.executable, "-m", "kvscope.app", "attach", server.endpoint, "--replay",
             server.replay, "--headless", "--duration", "1.5", "--hash-check", "sha256",

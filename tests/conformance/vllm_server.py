@@ -7,14 +7,8 @@ from __future__ import annotations
 import socket
 import time
 
+import vllm_ref as vr
 from pool_sides import VllmSide
-from vllm.distributed.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-    ZmqEventPublisher,
-)
 
 
 def free_port() -> int:
@@ -61,8 +55,8 @@ class VllmServer:
         self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend,
                              lookahead=self.lookahead)
         self.num_batches = 0
-        self.publisher = ZmqEventPublisher(0, f"tcp://*:{self.port}",
-                                           f"tcp://*:{self.replay_port}", topic=self.topic)
+        self.publisher = vr.ZmqEventPublisher(0, f"tcp://*:{self.port}",
+                                              f"tcp://*:{self.replay_port}", topic=self.topic)
 
     def restart(self) -> None:
         self.publisher.shutdown()
@@ -72,13 +66,13 @@ class VllmServer:
         """Publish what the calls since the last step produced, as one batch (none if none)."""
         if self.pending:
             for e in self.pending:
-                if isinstance(e, BlockStored):
+                if isinstance(e, vr.BlockStored):
                     self.num_stored += len(e.block_hashes)
-                elif isinstance(e, BlockRemoved):
+                elif isinstance(e, vr.BlockRemoved):
                     self.num_removed += len(e.block_hashes)
-                elif isinstance(e, AllBlocksCleared):
+                elif isinstance(e, vr.AllBlocksCleared):
                     self.num_resets += 1
-            self.publisher.publish(KVEventBatch(ts=time.time(), events=list(self.pending)))
+            self.publisher.publish(vr.KVEventBatch(ts=time.time(), events=list(self.pending)))
             self.sent += self.pending
             self.pending.clear()
             self.num_batches += 1
