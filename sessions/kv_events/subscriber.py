@@ -16,6 +16,7 @@ Nothing here blocks for longer than the timeouts given; bad frames are counted a
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 
 import zmq
@@ -33,6 +34,7 @@ SCHEMES = ("tcp://", "ipc://", "inproc://")
 SETTLE_S = 0.2
 RESYNC_RETRY_S = 5.0  # a replay that did not answer after a reconnect is asked again this late
 DONE, SILENT, NEW_LIFETIME = "done", "silent", "new lifetime"  # how a replay request ended
+_monitors = itertools.count()  # names the monitor endpoints
 WATCHED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | \
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
@@ -57,8 +59,15 @@ class Attachment:
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side: gaps are the server's
-        self.monitor = self.sub.get_monitor_socket(WATCHED)  # before connecting: every event
+        # The monitor before connecting (every event), its queue unbounded: libzmq's I/O thread
+        # blocks on a full monitor queue, and every socket of the context with it (an attachment
+        # nobody polled, its endpoint flapping, stalled the process's other attachments).
+        address = f"inproc://kvscope-monitor-{next(_monitors)}"
+        self.sub.monitor(address, WATCHED)
+        self.monitor = self.ctx.socket(zmq.PAIR)
         self.monitor.setsockopt(zmq.LINGER, 0)
+        self.monitor.setsockopt(zmq.RCVHWM, 0)  # before connect: inproc fixes the queue's bound
+        self.monitor.connect(address)
         try:
             self.sub.connect(endpoint)
         except zmq.ZMQError as e:

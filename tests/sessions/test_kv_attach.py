@@ -1,7 +1,13 @@
 """Attaching over real ZMQ sockets on loopback to a fake vLLM/SGLang publisher: live stream,
 replay on attach and on gaps (both reply layouts), restarts, bad frames."""
 
+import contextlib
+import socket
+import threading
+import time
+
 import pytest
+import zmq
 from kv_fake_publisher import FakePublisher, batch, cleared, drain, removed, stored
 
 from kvscope.sessions.kv_events import Attachment, Mirror, decode_batch
@@ -158,3 +164,49 @@ def test_a_reset_that_removes_nothing_is_counted_and_shown():
     assert (m.num_resets, m.num_cleared, m.num_removed, m.num_resident) == (1, 2, 0, 0)
     assert "  resets (AllBlocksCleared): 1, blocks cleared (resets and restarts): 2" in \
         m.summary().splitlines()
+
+
+def test_an_attachment_nobody_polls_never_stalls_the_others_of_its_context():
+    """libzmq's I/O thread blocks on a full monitor queue, and every socket of its context with
+    it: an attachment left unpolled while its endpoint flaps (a listener that drops each
+    connection: a failed handshake and a disconnect each time) must never keep a later
+    attachment on the same context from joining (it did, after about 1,000 dropped connections:
+    the suite's attach tests then timed out one after another)."""
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.RECONNECT_IVL, 1)  # flap fast
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    drops, stop = [], threading.Event()
+
+    def drop_each_connection():
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                listener.accept()[0].close()
+                drops.append(1)
+
+    thread = threading.Thread(target=drop_each_connection, daemon=True)
+    thread.start()
+    idle = Attachment(f"tcp://127.0.0.1:{listener.getsockname()[1]}", context=ctx)
+    fake = FakePublisher(topic=b"kv")
+    try:
+        # Twice the drops that filled the queue (2 events each, 1,000 messages): a stalled I/O
+        # thread makes no more connections, and this stops short.
+        deadline = time.monotonic() + 30
+        while len(drops) < 2000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(drops) >= 2000, len(drops)
+        ctx.setsockopt(zmq.RECONNECT_IVL, 100)
+        late = Attachment(fake.endpoint, topic="kv", context=ctx)
+        fake.wait_subscribed()
+        fake.send(0, batch([stored([1], None)]))
+        drain(late, 0)
+        late.close()
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()  # no more events; what is queued is read, so a stalled context can end
+        while idle.monitor.poll(100):
+            idle.monitor.recv_multipart()
+        idle.close()
+        fake.close()
+        ctx.term()
