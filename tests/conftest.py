@@ -22,13 +22,15 @@ except ImportError:  # pragma: no cover - torch is a dependency
 
 
 # Under pytest-xdist (README: -n auto) each group's tests run on one worker, which pays their
-# costly setup once: importing vLLM (10 s: conformance/vllm_ref.py) and SmolLM2 with
-# transformers' reference run of it (20 s: the smollm2_model fixture). (pytest-xdist's own
+# costly setup once: importing vLLM (10 s: conformance/vllm_ref.py), SmolLM2 with
+# transformers' reference run of it (20 s: the smollm2_model fixture), and the cache state
+# machine's run that test_enough_operations_ran counts (10 s). (pytest-xdist's own
 # xdist_group marks never reach its scheduler under pytest 9: xdist renames the item's _nodeid,
 # which pytest 9 no longer reads.)
 SHARED_SETUP = {"tests/conformance/": "vllm", "tests/models/test_smollm2.py": "smollm2",
                 "tests/models/test_gguf_loader.py": "smollm2",
-                "tests/engine/test_chat_workload.py": "smollm2"}
+                "tests/engine/test_chat_workload.py": "smollm2",
+                "tests/engine/test_kv_cache_stateful.py": "hypothesis"}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -33,8 +33,9 @@ def check_sync(report: Report, folder: Path, plan: Plan, device) -> None:
         return prefill, mixed, decode, [(a[0], first_block + 30)]
 
     prefill, mixed, decode, copies = forwards(0)
-    for chunks in (prefill, mixed, decode):  # warm-up: kernel compilation, first transfers
-        runner.run(chunks, copies)
+    if device.type == "cuda":  # warm-up: kernel compilation, first transfers (none interpreted)
+        for chunks in (prefill, mixed, decode):
+            runner.run(chunks, copies)
     prefill, mixed, decode, copies = forwards(10)
     runner.run(prefill)
     for name, chunks, cp in (("prefill over a cached prefix", mixed, ()),

@@ -59,9 +59,10 @@ def free_memory(device) -> None:
 
 
 def time_call(fn, iters: int, device) -> float:
-    """Median seconds of ``fn()`` over ``iters`` calls after a warm-up call (compilation,
-    first touch): CUDA events on a GPU."""
-    fn()
+    """Median seconds of ``fn()`` over ``iters`` calls, after a warm-up call on a GPU
+    (compilation, first touch): CUDA events there, the CPU's clock in the dry run."""
+    if device.type == "cuda":
+        fn()
     times = []
     for _ in range(iters):
         if device.type == "cuda":
