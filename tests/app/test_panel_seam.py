@@ -79,6 +79,9 @@ def test_a_panel_in_one_row_of_PANELS_is_built_docked_listed_shown_frames_and_cl
         qtbot.waitUntil(lambda: any(f.snapshot is not None and f.snapshot.step >= 3
                                     for f in panel.frames()), timeout=60_000)
         w.pause()
+        # Paused once the engine process says so; the steps it ran until then are drawn after.
+        qtbot.waitUntil(lambda: not w.running, timeout=10_000)
+        qtbot.waitUntil(lambda: w.snapshot.step == w.engine.num_steps - 1, timeout=5_000)
         assert any(f.records for f in panel.frames())
         newest = w.snapshot.step
 
