@@ -33,7 +33,7 @@ SHARED_SETUP = {"tests/conformance/": "vllm", "tests/models/test_smollm2.py": "s
                 "tests/engine/test_kv_cache_stateful.py": "hypothesis"}
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # (a hook of pytest-xdist's: -p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's default (--dist load: each test to whichever worker is free) with the groups
     above as one unit each, handed out first (the largest units first)."""
@@ -50,8 +50,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first: started last, one would leave the other workers idle at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The files with a slow test first (whole: their module fixtures are made once): started
+    last, a slow test would leave the other workers idle at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def pytest_collection_finish(session):
