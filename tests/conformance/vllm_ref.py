@@ -8,30 +8,24 @@ from __future__ import annotations
 import functools
 import importlib
 
-# name -> (module, attribute in it; None: the module itself)
+# vLLM modules used whole (monkeypatched)
+MODULES = {"block_pool": "vllm.v1.core.block_pool", "kv_cache_utils": "vllm.v1.core.kv_cache_utils"}
+# name -> the vLLM module that defines it
 NAMES = {
-    "block_pool": ("vllm.v1.core.block_pool", None),
-    "kv_cache_utils": ("vllm.v1.core.kv_cache_utils", None),
-    "AllBlocksCleared": ("vllm.distributed.kv_events", "AllBlocksCleared"),
-    "BlockRemoved": ("vllm.distributed.kv_events", "BlockRemoved"),
-    "BlockStored": ("vllm.distributed.kv_events", "BlockStored"),
-    "KVEventBatch": ("vllm.distributed.kv_events", "KVEventBatch"),
-    "ZmqEventPublisher": ("vllm.distributed.kv_events", "ZmqEventPublisher"),
-    "LoRARequest": ("vllm.lora.request", "LoRARequest"),
-    "MultiModalFeatureSpec": ("vllm.multimodal.inputs", "MultiModalFeatureSpec"),
-    "PlaceholderRange": ("vllm.multimodal.inputs", "PlaceholderRange"),
-    "SamplingParams": ("vllm.sampling_params", "SamplingParams"),
-    "sha256": ("vllm.utils.hashing", "sha256"),
-    "KVCacheManager": ("vllm.v1.core.kv_cache_manager", "KVCacheManager"),
-    "KVCacheBlock": ("vllm.v1.core.kv_cache_utils", "KVCacheBlock"),
-    "get_block_hash": ("vllm.v1.core.kv_cache_utils", "get_block_hash"),
-    "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
-    "hash_block_tokens": ("vllm.v1.core.kv_cache_utils", "hash_block_tokens"),
-    "maybe_convert_block_hash": ("vllm.v1.core.kv_cache_utils", "maybe_convert_block_hash"),
-    "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
-    "KVCacheConfig": ("vllm.v1.kv_cache_interface", "KVCacheConfig"),
-    "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
-    "Request": ("vllm.v1.request", "Request"),
+    **dict.fromkeys(("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch",
+                     "ZmqEventPublisher"), "vllm.distributed.kv_events"),
+    "LoRARequest": "vllm.lora.request",
+    "MultiModalFeatureSpec": "vllm.multimodal.inputs",
+    "PlaceholderRange": "vllm.multimodal.inputs",
+    "SamplingParams": "vllm.sampling_params",
+    "sha256": "vllm.utils.hashing",
+    "KVCacheManager": "vllm.v1.core.kv_cache_manager",
+    **dict.fromkeys(("KVCacheBlock", "get_block_hash", "get_request_block_hasher",
+                     "hash_block_tokens", "maybe_convert_block_hash"),
+                    "vllm.v1.core.kv_cache_utils"),
+    **dict.fromkeys(("FullAttentionSpec", "KVCacheConfig", "KVCacheGroupSpec"),
+                    "vllm.v1.kv_cache_interface"),
+    "Request": "vllm.v1.request",
 }
 
 
@@ -43,9 +37,9 @@ def _first_use() -> None:
 
 
 def __getattr__(name: str):
-    if name not in NAMES:
+    if name not in NAMES and name not in MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     _first_use()
-    module, attribute = NAMES[name]
-    m = importlib.import_module(module)
-    return m if attribute is None else getattr(m, attribute)
+    if name in MODULES:
+        return importlib.import_module(MODULES[name])
+    return getattr(importlib.import_module(NAMES[name]), name)
