@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
-from window_testutil import open_window
+from window_testutil import open_window, pause
 
 from kvscope.app.panels import Panel
 from kvscope.app.window import docks
@@ -78,10 +78,7 @@ def test_a_panel_in_one_row_of_PANELS_is_built_docked_listed_shown_frames_and_cl
         w.act_demo.trigger()  # Run demo (F5)
         qtbot.waitUntil(lambda: any(f.snapshot is not None and f.snapshot.step >= 3
                                     for f in panel.frames()), timeout=60_000)
-        w.pause()
-        # Paused once the engine process says so; the steps it ran until then are drawn after.
-        qtbot.waitUntil(lambda: not w.running, timeout=10_000)
-        qtbot.waitUntil(lambda: w.snapshot.step == w.engine.num_steps - 1, timeout=5_000)
+        pause(w, qtbot)
         assert any(f.records for f in panel.frames())
         newest = w.snapshot.step
 

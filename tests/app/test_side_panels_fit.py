@@ -12,7 +12,7 @@ from image_compare import ARTIFACTS, to_array
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QTabBar
-from window_testutil import bare_window, open_window
+from window_testutil import bare_window, open_window, pause
 
 from kvscope.app.frames import Frame, RequestRow
 from kvscope.app.panels.capacity_panel import PLOT_MIN_HEIGHT
@@ -122,8 +122,7 @@ def test_the_tree_draws_during_a_live_run_and_names_its_root_inside_the_view(qtb
     image = to_array(w.tree.plot.grab().toImage()).astype(int)
     node_colours = [(0x00, 0x72, 0xB2), (0xE6, 0x9F, 0x00), (0x00, 0x9E, 0x73)]
     assert sum((np.abs(image - c).max(axis=2) < 40).sum() for c in node_colours) > 40
-    w.pause()
-    qtbot.waitUntil(lambda: not w.running, timeout=10_000)
+    pause(w, qtbot)
     w.tree.flush()
     qtbot.wait(50)
     for size in (SMALL, LARGE):

@@ -68,3 +68,11 @@ def step(window, qtbot, n: int = 1) -> None:
     # first step also says step 0).
     qtbot.waitUntil(lambda: len(window.timeline.data["step"]) and
                     window.timeline.data["step"][-1] == target - 1, timeout=5_000)
+
+
+def pause(window, qtbot) -> None:
+    """Pause the live run and wait until the engine process says it paused and the window shows
+    the last step it ran (the frames of the steps run until then arrive after the request)."""
+    window.pause()
+    qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    qtbot.waitUntil(lambda: window.snapshot.step == window.engine.num_steps - 1, timeout=5_000)
