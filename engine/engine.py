@@ -144,11 +144,6 @@ class Engine:
         if n + req.params.max_tokens > limit:
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) exceeds the "
                     f"model's context of {limit} tokens")
-        window = self.loaded.config.sliding_window
-        if window is not None and n + req.params.max_tokens > window:
-            return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) exceeds the "
-                    f"model's sliding window of {window} tokens (sliding-window attention is "
-                    "not implemented)")
         need = -(-(n + req.params.max_tokens) // bs)
         if need > self.num_blocks:
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) needs {need} "

@@ -202,10 +202,6 @@ class ModelRunner:
                              f"tokens (block_size {self.block_size})")
         if any(not 0 <= b < self.num_blocks for b in c.block_table):
             raise ValueError(f"block id out of range [0, {self.num_blocks}) in {c.block_table}")
-        window = self.config.sliding_window
-        if window is not None and end > window:
-            raise ValueError(f"context of {end} tokens exceeds the model's sliding window "
-                             f"({window}); sliding-window attention is not implemented")
 
     @torch.inference_mode()
     def run_naive(self, token_id_lists: Sequence[Sequence[int]]) -> torch.Tensor:

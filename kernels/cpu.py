@@ -117,9 +117,9 @@ _SIGNATURES = {
     "kv_rope_f32": [_P, _I, _I, _I, _P, _P],
     "kv_silu_mul_f32": [_P, _P, _P, _I],
     "kv_store_f32": [_P, _P, _P, _P, _P, _I, _I, _I],
-    "kv_decode_attention_f32": [_P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _N],
+    "kv_decode_attention_f32": [_P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _N],
     "kv_decode_layers_f32": [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I,
-                             _P, _I, _I, _N],
+                             _P, _I, _I, _P, _N],
 }
 
 
@@ -210,9 +210,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> bool:
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                     max_seqlen_k) -> torch.Tensor | None:
+                     max_seqlen_k, window=None) -> torch.Tensor | None:
     """The reference ``paged_decode_attention`` for float32 caches without scales, reading the
-    pool in place; None when not applicable."""
+    pool in place (within a sliding ``window``, only the blocks it covers); None when not
+    applicable."""
     if (not _f32(q, k_cache, v_cache) or q.dim() != 3 or k_cache.dim() != 4
             or block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32
             or not block_tables.is_contiguous() or not context_lens.is_contiguous()
@@ -228,7 +229,8 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
     status = lib.kv_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0) if batch else 0, context_lens.data_ptr(), out.data_ptr(), batch,
-        heads, kv_heads, d, block_size, k_cache.shape[0], scale, torch.get_num_threads())
+        heads, kv_heads, d, block_size, k_cache.shape[0], window or 0, scale,
+        torch.get_num_threads())
     _check(status, "decode attention: no memory for the score rows")
     return out
 
@@ -248,13 +250,14 @@ MASK_ENTRIES = 1 << 24
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                      k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+                      k_scale=1.0, v_scale=1.0, max_seqlen_q=None, window=None) -> torch.Tensor:
     """The reference ``paged_prefill_attention`` with torch's fused attention
     (``scaled_dot_product_attention``, its CPU flash kernel) in place of explicit score and
     softmax tensors: 4x faster from a few hundred tokens on (SmolLM2's shapes, one thread), and
     without a prefix the causal mask lets it skip the upper triangle. Any cache dtype (fp8 read
     back through its scale); computed in float32 like the reference. ``max_seqlen_q`` is
-    unused (the lengths are walked on the host anyway)."""
+    unused (the lengths are walked on the host anyway). ``window``: a sliding-window layer's W
+    (keys before a chunk's window are not read)."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for b, ctx in enumerate(context_lens.tolist()):
@@ -265,20 +268,25 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         k = reference.gather_kv(k_cache, block_tables[b], ctx, k_scale).transpose(0, 1)[None]
         v = reference.gather_kv(v_cache, block_tables[b], ctx, v_scale).transpose(0, 1)[None]
         past = ctx - q_len  # keys before the first new token (a prefix-cache hit, or chunks)
+        causal_only = past == 0 and (window is None or window >= q_len)
         # Query rows per call: the boolean mask of a prefix hit stays under MASK_ENTRIES.
-        rows = q_len if past == 0 else max(1, MASK_ENTRIES // ctx)
+        rows = q_len if causal_only else max(1, MASK_ENTRIES // ctx)
         for i in range(0, q_len, rows):
             j = min(q_len, i + rows)
             n = past + j  # keys after the chunk's last query are masked for every row: drop
+            lo = 0 if window is None else max(0, past + i - window + 1)  # before every window
             qs = q[start + i:start + j].float().transpose(0, 1)[None]
-            if past == 0 and i == 0 and j == q_len:
+            if causal_only and i == 0 and j == q_len:
                 o = F.scaled_dot_product_attention(qs, k[:, :, :n], v[:, :, :n], is_causal=True,
                                                    scale=scale, enable_gqa=True)
             else:
-                mask = (torch.arange(n, device=q.device)[None, :]
-                        <= torch.arange(past + i, past + j, device=q.device)[:, None])
-                o = F.scaled_dot_product_attention(qs, k[:, :, :n], v[:, :, :n], attn_mask=mask,
-                                                   scale=scale, enable_gqa=True)
+                keys = torch.arange(lo, n, device=q.device)[None, :]
+                pos = torch.arange(past + i, past + j, device=q.device)[:, None]
+                mask = keys <= pos
+                if window is not None:
+                    mask &= keys > pos - window
+                o = F.scaled_dot_product_attention(qs, k[:, :, lo:n], v[:, :, lo:n],
+                                                   attn_mask=mask, scale=scale, enable_gqa=True)
             out[start + i:start + j] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
@@ -298,12 +306,17 @@ class DecoderWeights:
     step in one C call (the per-op path costs ~400 Python-level calls a step, ~5 ms on
     SmolLM2). ``layers``: one dict per layer, ``LAYER_FIELDS`` -> tensor (None for an absent
     bias or norm). ``usable`` is False when a weight is not a contiguous float32 CPU tensor of
-    the shape the dimensions give (then callers take the per-op path)."""
+    the shape the dimensions give (then callers take the per-op path). ``windows``: each
+    layer's sliding window (None: full attention); None: no layer has one."""
 
     def __init__(self, layers: list[dict[str, torch.Tensor | None]], hidden: int, heads: int,
-                 kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float):
+                 kv_heads: int, head_dim: int, intermediate: int, eps: float, scale: float,
+                 windows: list[int | None] | None = None):
         self.dims = (hidden, heads, kv_heads, head_dim, intermediate)
         self.eps, self.scale = eps, scale
+        self._windows = None  # int64 per layer for the C call, 0: full attention
+        if windows is not None and any(windows):
+            self._windows = torch.tensor([w or 0 for w in windows], dtype=torch.int64)
         self._tensors = [t for layer in layers for t in layer.values() if t is not None]
         self._key = self.key()
         qw, kvw = heads * head_dim, kv_heads * head_dim
@@ -363,7 +376,7 @@ class DecoderWeights:
             heads, kv_heads, head_dim, inter, self.eps, self.scale, cos.data_ptr(),
             sin.data_ptr(), slot_mapping.data_ptr(), block_tables.data_ptr(),
             block_tables.stride(0), context_lens.data_ptr(), block_size, num_blocks,
-            torch.get_num_threads())
+            None if self._windows is None else self._windows.data_ptr(), torch.get_num_threads())
         _check(status, "decode step: no memory for the layer buffers")
         return True
 

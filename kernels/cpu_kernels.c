@@ -228,19 +228,21 @@ int kv_store_f32(const float *key, const float *value, float *k_cache, float *v_
 /* Walks positions t = 0 .. n-1 of a sequence with `slot`, its row in the cache: block by block
  * through the table, no division per position (a 64-bit division costs more than the
  * arithmetic on a 64-float row). */
-#define EACH_POSITION(t, slot, n, table, BS)                                                  \
-    for (int64_t t = 0, blk_ = 0; t < (n); blk_++)                                            \
-        for (int64_t slot = (int64_t)(table)[blk_] * (BS), end_ = t + (BS) < (n) ? t + (BS) : (n); \
+#define EACH_POSITION(t, slot, lo, n, table, BS)                                              \
+    for (int64_t t = (lo), blk_ = (lo) / (BS); t < (n); blk_++)                                 \
+        for (int64_t slot = (int64_t)(table)[blk_] * (BS) + t % (BS),                         \
+                     end_ = (blk_ + 1) * (BS) < (n) ? (blk_ + 1) * (BS) : (n);                \
              t < end_; t++, slot++)
 
-/* out[D] = sum_t w[t] * v row of position t, accumulated in registers: 64 columns at a time,
- * then 16, then one. */
-static void weighted_rows(const float *w, int64_t n, const float *v_cache, const int32_t *table,
-                          int64_t BS, int64_t Hkv, int64_t g, int64_t D, float *out) {
+/* out[D] = sum_t w[t] * v row of position t (lo <= t < n), accumulated in registers: 64
+ * columns at a time, then 16, then one. */
+static void weighted_rows(const float *w, int64_t lo, int64_t n, const float *v_cache,
+                          const int32_t *table, int64_t BS, int64_t Hkv, int64_t g, int64_t D,
+                          float *out) {
     int64_t c = 0;
     for (; c + 64 <= D; c += 64) {
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        EACH_POSITION(t, slot, n, table, BS) {
+        EACH_POSITION(t, slot, lo, n, table, BS) {
             const float *v = v_cache + (slot * Hkv + g) * D + c;
             a0 += w[t] * ld(v);
             a1 += w[t] * ld(v + 16);
@@ -254,12 +256,12 @@ static void weighted_rows(const float *w, int64_t n, const float *v_cache, const
     }
     for (; c + 16 <= D; c += 16) {
         v16 a = {0};
-        EACH_POSITION(t, slot, n, table, BS) a += w[t] * ld(v_cache + (slot * Hkv + g) * D + c);
+        EACH_POSITION(t, slot, lo, n, table, BS) a += w[t] * ld(v_cache + (slot * Hkv + g) * D + c);
         memcpy(out + c, &a, sizeof a);
     }
     for (; c < D; c++) {
         float a = 0.0f;
-        EACH_POSITION(t, slot, n, table, BS) a += w[t] * v_cache[(slot * Hkv + g) * D + c];
+        EACH_POSITION(t, slot, lo, n, table, BS) a += w[t] * v_cache[(slot * Hkv + g) * D + c];
         out[c] = a;
     }
 }
@@ -268,18 +270,21 @@ static void weighted_rows(const float *w, int64_t n, const float *v_cache, const
  * [B, table_stride]; context_lens int32 [B]. Each query head of a KV head's group reads that
  * head's keys and values once, in place in the pool (no gathered copy). Returns -2 if a
  * context needs a block id outside [0, num_blocks) or more blocks than the table has, -1 when
- * out of memory for the score rows. */
+ * out of memory for the score rows. window > 0: a sliding-window layer, the query (at position
+ * n - 1) sees the last `window` positions only, and blocks before them are not read (they may
+ * be any id). */
 int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                             const int32_t *block_tables, int64_t table_stride,
                             const int32_t *context_lens, float *out, int64_t B, int64_t H,
                             int64_t Hkv, int64_t D, int64_t BS, int64_t num_blocks,
-                            float scale, int num_threads) {
+                            int64_t window, float scale, int num_threads) {
     const int64_t group = H / Hkv, tasks = B * Hkv;
     int64_t max_ctx = 0;
     for (int64_t b = 0; b < B; b++) {
         const int64_t n = context_lens[b];
         if (n < 0 || (n + BS - 1) / BS > table_stride) return -2;
-        for (int64_t i = 0; i < (n + BS - 1) / BS; i++) {
+        const int64_t lo = window > 0 && n > window ? n - window : 0;
+        for (int64_t i = lo / BS; i < (n + BS - 1) / BS; i++) {
             const int32_t id = block_tables[b * table_stride + i];
             if (id < 0 || id >= num_blocks) return -2;
         }
@@ -292,6 +297,7 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
 #endif
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t b = task / Hkv, g = task % Hkv, n = context_lens[b];
+        const int64_t lo = window > 0 && n > window ? n - window : 0;
         const int32_t *table = block_tables + b * table_stride;
         float *p = malloc(sizeof(float) * (size_t)(group * (max_ctx > 0 ? max_ctx : 1)));
         if (!p) {
@@ -299,14 +305,14 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
             continue;
         }
         const float *qg = q + (b * H + g * group) * D;
-        EACH_POSITION(t, slot, n, table, BS) {
+        EACH_POSITION(t, slot, lo, n, table, BS) {
             const float *k = k_cache + (slot * Hkv + g) * D;
             for (int64_t j = 0; j < group; j++) p[j * n + t] = dot(qg + j * D, k, D) * scale;
         }
         for (int64_t j = 0; j < group; j++) {
             float *pj = p + j * n, mx = -INFINITY, sum = 0.0f;
-            for (int64_t t = 0; t < n; t++) mx = pj[t] > mx ? pj[t] : mx;
-            int64_t t = 0;
+            for (int64_t t = lo; t < n; t++) mx = pj[t] > mx ? pj[t] : mx;
+            int64_t t = lo;
             for (; t + 16 <= n; t += 16) {
                 v16 e = vexp(ld(pj + t) - mx);
                 memcpy(pj + t, &e, sizeof e);
@@ -317,8 +323,8 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
                 sum += pj[t];
             }
             const float inv = 1.0f / sum;
-            for (t = 0; t < n; t++) pj[t] *= inv;
-            weighted_rows(pj, n, v_cache, table, BS, Hkv, g, D,
+            for (t = lo; t < n; t++) pj[t] *= inv;
+            weighted_rows(pj, lo, n, v_cache, table, BS, Hkv, g, D,
                           out + (b * H + g * group + j) * D);
         }
         free(p);
@@ -340,7 +346,8 @@ static void add_rows(float *x, const float *y, int64_t n) {
  * same kernels in the same order as the per-op path (llama.py), so the result is identical:
  * x += attention(rms_norm(x)); x += mlp(rms_norm(x)), layer by layer, x [B, hidden] in place.
  * cos/sin [B, D] for each row's position; kv_cache [n_layers, 2, num_blocks, BS, Hkv, D];
- * slots, block tables and context lengths as for kv_store_f32 / kv_decode_attention_f32.
+ * slots, block tables and context lengths as for kv_store_f32 / kv_decode_attention_f32;
+ * windows [n_layers]: each layer's sliding window (0: full attention), NULL: none has one.
  * Returns 0, -1 out of memory, -2 a block table out of range, -3 a slot out of range. */
 int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv_cache,
                          float *x, int64_t B, int64_t hidden, int64_t H, int64_t Hkv, int64_t D,
@@ -348,7 +355,7 @@ int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv
                          float eps, float scale, const float *cos_, const float *sin_,
                          const int64_t *slots, const int32_t *block_tables,
                          int64_t table_stride, const int32_t *context_lens, int64_t BS,
-                         int64_t num_blocks, int num_threads) {
+                         int64_t num_blocks, const int64_t *windows, int num_threads) {
     const int64_t qw = H * D, kvw = Hkv * D;
     float *h = malloc(sizeof(float) * (size_t)(B * (2 * hidden + 2 * qw + 2 * kvw + 2 * inter)));
     if (!h) return -1;
@@ -374,8 +381,8 @@ int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv
             break;
         }
         status = kv_decode_attention_f32(q, k_cache, v_cache, block_tables, table_stride,
-                                         context_lens, o, B, H, Hkv, D, BS, num_blocks, scale,
-                                         num_threads);
+                                         context_lens, o, B, H, Hkv, D, BS, num_blocks,
+                                         windows ? windows[l] : 0, scale, num_threads);
         if (status != 0) break;
         kv_linear_f32(o, qw, L->wo, L->bo, y, B, qw, hidden, num_threads);
         add_rows(x, y, B * hidden);

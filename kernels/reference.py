@@ -1,7 +1,9 @@
 """Torch reference kernels: the CPU implementation and the oracle for the triton kernels.
 
 Cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Position ``p`` of a sequence
-lives in slot ``block_table[p // block_size] * block_size + p % block_size``. For an fp8 cache the
+lives in slot ``block_table[p // block_size] * block_size + p % block_size``. ``window`` W (a
+sliding-window layer; None: full attention): the query at position q sees the keys at
+q - W < k <= q, as transformers' sliding-window mask. For an fp8 cache the
 stored value is ``x / scale`` (saturated to the e4m3 range) and the read value ``stored * scale``.
 """
 
@@ -59,8 +61,9 @@ def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
     return dequantize(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], scale)
 
 
-def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
-    """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions. Returns [M, H, D]."""
+def _attend(q, k, v, q_pos, k_pos, scale, window=None) -> torch.Tensor:
+    """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions (and within the
+    window). Returns [M, H, D]."""
     m, num_heads, head_dim = q.shape
     n, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads
@@ -68,14 +71,18 @@ def _attend(q, k, v, q_pos, k_pos, scale) -> torch.Tensor:
     qg = q.reshape(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * m, head_dim)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
-    scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    hidden = k_pos[None, :] > q_pos[:, None]
+    if window is not None:
+        hidden |= k_pos[None, :] <= q_pos[:, None] - window
+    scores.masked_fill_(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * m, n)
     out = torch.bmm(probs, v.transpose(0, 1)).view(num_kv_heads, group, m, head_dim)
     return out.permute(2, 0, 1, 3).reshape(m, num_heads, head_dim)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None) -> torch.Tensor:
+                            k_scale=1.0, v_scale=1.0, max_seqlen_q=None,
+                            window=None) -> torch.Tensor:
     """``max_seqlen_q`` is unused: this CPU kernel walks the lengths on the host anyway."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
@@ -95,13 +102,15 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
             q_pos = torch.arange(ctx - q_len + i, ctx - q_len + j, device=q.device)
             # Keys past the chunk's last query are fully masked: skip them.
             n = ctx - q_len + j
-            o = _attend(q[start + i:start + j].float(), k[:n], v[:n], q_pos, k_pos[:n], scale)
+            o = _attend(q[start + i:start + j].float(), k[:n], v[:n], q_pos, k_pos[:n], scale,
+                        window)
             out[start + i:start + j] = o.to(q.dtype)
     return out
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale, v_scale, max_seqlen_k, num_splits=None) -> torch.Tensor:
+                           k_scale, v_scale, max_seqlen_k, num_splits=None,
+                           window=None) -> torch.Tensor:
     """Vectorised over the batch: gathers every sequence to the longest context
     (``max_seqlen_k``, from the host) and masks. ``num_splits`` is the triton kernel's: unused.
 
@@ -119,7 +128,10 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         return dequantize(blocks.view(batch, -1, num_kv_heads, head_dim), s).transpose(1, 2)
 
     k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
-    mask = torch.arange(k.shape[2], device=q.device) < context_lens.to(q.device).long()[:, None]
+    keys, lens = torch.arange(k.shape[2], device=q.device), context_lens.to(q.device).long()
+    mask = keys < lens[:, None]
+    if window is not None:  # the query is at position len - 1
+        mask &= keys >= (lens - window)[:, None]
     out = F.scaled_dot_product_attention(q.float().unsqueeze(2), k, v,
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=num_heads != num_kv_heads)

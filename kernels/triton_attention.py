@@ -2,7 +2,9 @@
 
 Both kernels gather K/V token by token through the block table (``slot = table[p // bs] * bs +
 p % bs``) in tiles of BLOCK_N positions, so any page size works, including ones below the
-16-wide minimum of ``tl.dot``. Scores, softmax and accumulators are float32.
+16-wide minimum of ``tl.dot``. Scores, softmax and accumulators are float32. ``window`` > 0 (a
+sliding-window layer): the query at q sees the keys at q - window < k <= q, and the tiles and
+blocks wholly before a query tile's window are not read.
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, 
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
+    # A row that has seen no visible key yet (a sliding window starting past this tile) keeps
+    # m = -inf: subtract 0 there, not -inf (exp(-inf - -inf) is NaN).
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_sub[:, None])
+    alpha = tl.exp(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
                       stride_cb, stride_cs, stride_ch, PAGE)
@@ -58,10 +63,10 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, 
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_tb"])
+@triton.jit(do_not_specialize=["stride_tb", "window"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, cu_ptr, ctx_ptr,
-    qk_scale, v_scale,
+    qk_scale, v_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -92,11 +97,13 @@ def _prefill_kernel(
     table_row = tables_ptr + seq * stride_tb
     # Keys after the tile's last query are masked for every row: stop there.
     kv_end = ctx - q_len + tl.minimum((tile + 1) * BLOCK_M, q_len)
-    # The first tile holds position 0, visible to every row, so m_i is finite after it.
-    for start in range(0, kv_end, BLOCK_N):
+    # Keys before the tile's first query's window are masked for every row: start at its tile.
+    first_key = tl.where(window > 0, tl.maximum(ctx - q_len + tile * BLOCK_M - window + 1, 0), 0)
+    for start in range(first_key // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        visible = ((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+                   & ((window == 0) | (offs_n[None, :] > q_pos[:, None] - window)))
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
                                      offs_n, n_mask, visible, dims, d_mask, kv_head, qk_scale,
                                      stride_cb, stride_cs, stride_ch, PAGE, PRECISION)
@@ -109,14 +116,14 @@ def _prefill_kernel(
 # Lengths that change from step to step are plain arguments, not specialised on, so a running
 # engine compiles each kernel once per model rather than again whenever the batch's longest
 # context (the table width, the split count) moves: a compile on a GPU stalls a step ~1 s.
-_PER_STEP = ["stride_tb", "num_splits"]
+_PER_STEP = ["stride_tb", "num_splits", "window"]
 
 
 @triton.jit(do_not_specialize=_PER_STEP)
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale, tokens_per_split, num_splits,
+    qk_scale, tokens_per_split, num_splits, window,
     stride_qb, stride_qh, stride_tb, stride_cb, stride_cs, stride_ch,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -130,6 +137,8 @@ def _decode_split_kernel(
     ctx = tl.load(ctx_ptr + seq)
     start = split * tokens_per_split
     end = tl.minimum(ctx, start + tokens_per_split)
+    if window > 0:  # the query is at ctx - 1: the blocks before its window are not read
+        start = tl.maximum(start, ctx - window)
     heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
     h_mask = tl.arange(0, BLOCK_H) < GROUP
     dims = tl.arange(0, BLOCK_D)
@@ -176,7 +185,7 @@ def _decode_reduce_kernel(
     l = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)  # noqa: E741
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
                   mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    # Partition 0 always holds position 0, so the global max is finite.
+    # The partition holding the query's own position has a finite max, so the global one is.
     weight = tl.exp(m - tl.max(m, axis=0))
     total = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, (total * v_scale).to(
@@ -203,7 +212,7 @@ def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float,
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale, v_scale, max_seqlen_q: int) -> torch.Tensor:
+                            k_scale, v_scale, max_seqlen_q: int, window=None) -> torch.Tensor:
     """``max_seqlen_q``: the longest query length, a host int (sizes the grid)."""
     q = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     out = torch.empty_like(q)
@@ -215,7 +224,7 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
     grid = (batch, num_heads, triton.cdiv(max_seqlen_q, PREFILL_BLOCK_M))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, context_lens,
-        float(scale) * k_scale, v_scale,
+        float(scale) * k_scale, v_scale, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=num_heads // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=head_dim,
@@ -232,7 +241,8 @@ def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                           k_scale, v_scale, max_seqlen_k: int, num_splits=None) -> torch.Tensor:
+                           k_scale, v_scale, max_seqlen_k: int, num_splits=None,
+                           window=None) -> torch.Tensor:
     """``max_seqlen_k``: the longest context, a host int (sizes the split-K partitions)."""
     q = _check(q, k_cache, v_cache, block_tables, context_lens)
     batch, num_heads, head_dim = q.shape
@@ -252,7 +262,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     block_d = _head_block(head_dim)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_m, part_l, part_acc,
-        float(scale) * k_scale, tokens_per_split, num_splits,
+        float(scale) * k_scale, tokens_per_split, num_splits, window or 0,
         q.stride(0), q.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, PAGE=page, HEAD_DIM=head_dim,

@@ -41,9 +41,11 @@ class AttentionContext:
 
 
 class Attention(nn.Module):
-    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 window: int | None = None):
         super().__init__()
         self.layer_idx = layer_idx
+        self.window = window  # a sliding-window layer's W: keys at q - W < k <= q; None: all
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -65,17 +67,25 @@ class Attention(nn.Module):
         if ctx.is_decode:
             return kernels.paged_decode_attention(
                 q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale,
-                k_scale, v_scale, ctx.max_seqlen_k)
+                k_scale, v_scale, ctx.max_seqlen_k, window=self.window)
         return kernels.paged_prefill_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens,
-            self.scale, k_scale, v_scale, ctx.max_seqlen_q)
+            self.scale, k_scale, v_scale, ctx.max_seqlen_q, window=self.window)
 
     def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:
         outs = []
         for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens),
                               strict=True):
-            o = F.scaled_dot_product_attention(
-                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
-                is_causal=True, scale=self.scale, enable_gqa=True)
+            n = qs.shape[0]
+            if self.window is not None and self.window < n:
+                pos = torch.arange(n, device=qs.device)
+                mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - self.window)
+                o = F.scaled_dot_product_attention(
+                    qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                    attn_mask=mask, scale=self.scale, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(
+                    qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                    is_causal=True, scale=self.scale, enable_gqa=True)
             outs.append(o.transpose(0, 1))
         return torch.cat(outs)

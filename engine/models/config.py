@@ -42,6 +42,28 @@ def _field(cfg: dict[str, Any], key: str, kind: str, default: Any = _MISSING) ->
     return value
 
 
+def _sliding_layers(cfg: dict[str, Any], arch, num_layers: int) -> tuple[int, ...] | None:
+    """Which layers use the sliding window (None: all), as transformers reads the config: every
+    layer of a Mistral; for Qwen2/Qwen3, `layer_types` ("sliding_attention" / "full_attention"
+    per layer) when given, else the layers from `max_window_layers` on."""
+    if arch.sliding_window == "always":
+        return None
+    types = cfg.get("layer_types")
+    if types is not None:
+        kinds = ("sliding_attention", "full_attention")
+        if (not isinstance(types, list) or len(types) != num_layers
+                or any(t not in kinds for t in types)):
+            raise UnsupportedModelError(
+                f"config.json: layer_types must list {num_layers} of {' or '.join(kinds)}, "
+                f"got {shown(types)}")
+        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    first = cfg.get("max_window_layers", 28)  # transformers' default
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise UnsupportedModelError(f"config.json: max_window_layers must be an integer >= 0, "
+                                    f"got {shown(first)}")
+    return tuple(range(min(first, num_layers), num_layers))
+
+
 def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
     eos = cfg.get("eos_token_id")
     ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
@@ -67,10 +89,18 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rotary
-    sliding_window: int | None = None  # contexts longer than this are refused (no SWA kernel)
+    sliding_window: int | None = None  # W of the sliding-window layers (None: no such layers)
+    # The layers that attend within the window (None: every layer, when there is a window).
+    sliding_layers: tuple[int, ...] | None = None
     torch_dtype: str = "float32"  # the checkpoint's dtype name ("bfloat16", ...)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: full attention)."""
+        w, only = self.sliding_window, self.sliding_layers
+        return tuple(w if only is None or i in only else None for i in range(self.num_layers))
 
     @property
     def rope_type(self) -> str:
@@ -107,13 +137,15 @@ class ModelConfig:
         if arch.sliding_window == "always" or (arch.sliding_window and
                                                cfg.get(arch.sliding_window)):
             sliding_window = _field(cfg, "sliding_window", "size", None)
+        num_layers = _field(cfg, "num_hidden_layers", "size")
+        sliding_layers = _sliding_layers(cfg, arch, num_layers) if sliding_window else None
 
         return cls(
             architecture=arch.hf_name,
             vocab_size=_field(cfg, "vocab_size", "size"),
             hidden_size=hidden,
             intermediate_size=_field(cfg, "intermediate_size", "size"),
-            num_layers=_field(cfg, "num_hidden_layers", "size"),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -127,6 +159,7 @@ class ModelConfig:
             mlp_bias=arch.flag("mlp_bias", cfg),
             qk_norm=arch.flag("qk_norm", cfg),
             sliding_window=sliding_window,
+            sliding_layers=sliding_layers,
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=_field(cfg, "bos_token_id", "token", None),
             eos_token_ids=_eos_ids(cfg),

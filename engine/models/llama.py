@@ -83,7 +83,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.attn = Attention(layer_idx, h, kvh, d)
+        self.attn = Attention(layer_idx, h, kvh, d, cfg.layer_windows[layer_idx])
 
     def forward(self, x, cos, sin, ctx: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
@@ -191,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
                 "bu": f.up_proj.bias, "wd": f.down_proj.weight, "bd": f.down_proj.bias})
         weights = cpu.DecoderWeights(
             layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+            cfg.intermediate_size, cfg.rms_norm_eps, cfg.head_dim ** -0.5,
+            windows=[layer.self_attn.attn.window for layer in self.model.layers])
         # One eps for every norm (the C call takes one): always so from a config, but a
         # caller may have changed a module's.
         weights.usable &= all(n.eps == cfg.rms_norm_eps for n in norms)

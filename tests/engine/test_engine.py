@@ -49,12 +49,17 @@ def check_pool(engine: Engine):
 
 
 def test_greedy_tokens_match_transformers_with_cache_on_off_and_prefix_hit(tiny_llama):
-    _, hf = tiny_llama
+    greedy_with_cache_on_off_and_a_prefix_hit(tiny_llama)
+
+
+def greedy_with_cache_on_off_and_a_prefix_hit(model) -> None:
+    """`model`: (folder, its transformers model); prompts of 42 and 46 tokens sharing 37."""
+    _, hf = model
     shared = prompt(37, seed=1)
     a, b = shared + prompt(5, seed=2), shared + prompt(9, seed=3)
     want = [hf_greedy(hf, p, 16) for p in (a, b)]
     for kv_cache in (True, False):
-        engine = make(tiny_llama, enable_kv_cache=kv_cache)
+        engine = make(model, enable_kv_cache=kv_cache)
         first = engine.generate([a], GREEDY)[0]
         second = engine.generate([b], GREEDY)[0]  # a prefix hit when the cache is on
         assert [first.token_ids, second.token_ids] == want

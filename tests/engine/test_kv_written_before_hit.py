@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -222,17 +221,6 @@ def test_a_lone_surrogate_in_the_prompt_or_salt_is_rejected_alone():
     while engine.has_unfinished():
         engine.step()
     assert engine.requests[c].finish_reason in ("length", "eos", "stop")
-
-
-def test_a_prompt_longer_than_the_sliding_window_is_rejected_at_add_request(tiny_llama):
-    engine = make(tiny_llama)
-    engine.loaded.config = dataclasses.replace(engine.loaded.config, sliding_window=32)
-    rid = engine.add_request(prompt(30, seed=260), PARAMS)  # 30 + 12 > 32, as on a Mistral
-    assert "sliding window" in engine.requests[rid].error
-    ok = engine.add_request(prompt(10, seed=261), PARAMS)
-    while engine.has_unfinished():
-        engine.step()
-    assert engine.requests[ok].finish_reason == "length"
 
 
 def test_a_long_lived_engine_forgets_old_finished_requests(tiny_llama, monkeypatch):

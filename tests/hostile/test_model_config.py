@@ -14,6 +14,8 @@ from safetensors import safe_open
 
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+QWEN2_WINDOW = {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                "sliding_window": 4}
 BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *words)
     "a list": (None, "must hold a JSON object, got a list"),
     "layers '4'": ({"num_hidden_layers": "4"}, "num_hidden_layers must be an integer >= 1, "
@@ -46,6 +48,14 @@ BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *w
                                "high_freq_factor must be greater than low_freq_factor"),
     "scaling in rope_scaling": ({"rope_parameters": None, "rope_scaling": {
         "type": "linear", "factor": -2}}, "rope_scaling.factor must be a number > 0"),
+    "layer_types too short": ({**QWEN2_WINDOW, "layer_types": ["sliding_attention"]},
+                              "layer_types must list 2 of sliding_attention or full_attention"),
+    "layer_types unknown": ({**QWEN2_WINDOW, "layer_types": ["chunked", "full_attention"]},
+                            "layer_types must list 2", "'chunked'"),
+    "max_window_layers -1": ({**QWEN2_WINDOW, "max_window_layers": -1},
+                             "max_window_layers must be an integer >= 0, got -1"),
+    "sliding_window 0": ({**QWEN2_WINDOW, "sliding_window": 0},
+                         "sliding_window must be an integer >= 1, got 0"),
 }
 
 

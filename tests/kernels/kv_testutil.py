@@ -48,14 +48,17 @@ def build_paged(lengths, num_kv_heads, head_dim, block_size, dtype, *, k_scale=1
     return k_cache, v_cache, tables, dense
 
 
-def dense_causal_attention(q, k, v, scale):
-    """q [M, H, D] at the last M positions of k/v [N, Hkv, D]; float32 SDPA on unpaged tensors."""
+def dense_causal_attention(q, k, v, scale, window=None):
+    """q [M, H, D] at the last M positions of k/v [N, Hkv, D]; float32 SDPA on unpaged tensors;
+    `window` W: each query also sees only the W newest keys up to its own position."""
     m, n = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     q_pos = torch.arange(n - m, n)[:, None]
     allowed = torch.arange(n)[None, :] <= q_pos
+    if window is not None:
+        allowed &= torch.arange(n)[None, :] > q_pos - window
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
         attn_mask=allowed, scale=scale)

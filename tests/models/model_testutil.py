@@ -44,7 +44,18 @@ MODEL_SPECS = {
         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3_headdim": (transformers.Qwen3Config, dict(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)),
+    # Sliding windows shorter than the prompts: every layer (Mistral), the layers from
+    # max_window_layers on (Qwen2: layer 1 of 2), the layers layer_types names (Qwen3: layer 0).
+    "mistral_window": (transformers.MistralConfig, dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=7)),
+    "qwen2_window_layers": (transformers.Qwen2Config, dict(
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=6,
+        max_window_layers=1)),
+    "qwen3_layer_types": (transformers.Qwen3Config, dict(
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"])),
 }
+WINDOWED = ["mistral_window", "qwen2_window_layers", "qwen3_layer_types"]
 ARCH_OF = {
     transformers.LlamaConfig: transformers.LlamaForCausalLM,
     transformers.MistralConfig: transformers.MistralForCausalLM,

@@ -10,6 +10,7 @@ import transformers
 from model_testutil import (
     LOGIT_ATOL,
     MODEL_SPECS,
+    WINDOWED,
     BlockAllocator,
     PagedSeq,
     greedy_decode,
@@ -49,7 +50,8 @@ def test_prefill_and_decode_match_transformers(spec, tiny_model_dir):
         assert diff <= LOGIT_ATOL, f"step {step}: max abs logit diff {diff}"
 
 
-@pytest.mark.parametrize("spec", ["llama3_rope_gqa_tied", "qwen3_headdim", "qwen2_gqa_tied"])
+@pytest.mark.parametrize("spec", ["llama3_rope_gqa_tied", "qwen3_headdim", "qwen2_gqa_tied",
+                                  *WINDOWED])
 def test_naive_batch_matches_transformers(spec, tiny_model_dir):
     folder = tiny_model_dir(spec)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -65,7 +67,8 @@ def test_naive_batch_matches_transformers(spec, tiny_model_dir):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="triton on the CPU needs TRITON_INTERPRET=1 (tests/conftest.py)")
-@pytest.mark.parametrize("spec", ["llama3_rope_gqa_tied", "qwen3_headdim"])
+@pytest.mark.parametrize("spec", ["llama3_rope_gqa_tied", "qwen3_headdim", "mistral_window",
+                                  "qwen2_window_layers"])
 def test_triton_kernels_match_transformers(spec, tiny_model_dir):
     """The same forward through the triton kernels (interpreted on the CPU): chunked prefill,
     a batched step mixing prefill and decode, then batched decode."""
@@ -88,3 +91,15 @@ def test_triton_kernels_match_transformers(spec, tiny_model_dir):
         for step, (ours, ref) in enumerate(zip(logits, ref_logits, strict=True)):
             diff = (ours[i] - ref).abs().max().item()
             assert diff <= LOGIT_ATOL, f"seq {i} step {step}: max abs logit diff {diff}"
+
+
+@pytest.mark.parametrize("spec", WINDOWED)
+def test_the_windowed_layers_are_the_ones_transformers_windows(spec, tiny_model_dir):
+    folder = tiny_model_dir(spec)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    want = [getattr(layer.self_attn, "sliding_window", None) or hf.config.sliding_window
+            if getattr(hf.config, "layer_types", None) is None
+            or hf.config.layer_types[i] == "sliding_attention" else None
+            for i, layer in enumerate(hf.model.layers)]
+    assert list(load_model(folder).config.layer_windows) == want
+    assert any(want)  # the spec has a window: the equivalence tests above exercise it

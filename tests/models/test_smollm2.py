@@ -100,3 +100,38 @@ def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2, reference
             if isinstance(module, Linear):
                 module.prepack = False
         cpu.drop_packed(engine.loaded.model)
+
+
+@pytest.mark.slow  # a second 135M model on the reference side, one more engine run
+def test_smollm2_run_as_a_mistral_with_a_64_token_window_equals_transformers(smollm2):
+    """The real weights with every layer attending within 64 tokens (as a Mistral): kvscope's
+    greedy tokens on the 300-token prompt, cached prefix and all, equal transformers'
+    MistralForCausalLM with the same weights and window, and differ from the full-attention
+    ones (so the window is applied on both sides)."""
+    import transformers
+
+    engine, hf, prompts = smollm2
+    window, prompt = 64, prompts[-1]
+    cfg = {**hf.config.to_dict(), "sliding_window": window, "model_type": "mistral",
+           "architectures": ["MistralForCausalLM"]}
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig.from_dict(cfg)).eval()
+    missing = mistral.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    with torch.no_grad():
+        want = mistral.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
+                                do_sample=False)[0, len(prompt):].tolist()
+    attention = [layer.self_attn.attn for layer in engine.loaded.model.model.layers]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    try:
+        for a in attention:
+            a.window = window
+        engine.loaded.model.__dict__.pop("_c_weights", None)  # the C decode reads the windows
+        windowed = Engine(engine.loaded, EngineConfig(num_blocks=128, block_size=16))
+        first, again = (windowed.generate([prompt], params)[0] for _ in range(2))
+    finally:  # the session's model is shared: back to full attention
+        for a in attention:
+            a.window = None
+        engine.loaded.model.__dict__.pop("_c_weights", None)
+    assert again.num_cached_tokens >= len(prompt) - 16  # the second run hit the cache
+    assert first.token_ids == again.token_ids == want
+    assert want != engine.generate([prompt], params)[0].token_ids

@@ -1,0 +1,62 @@
+"""The engine on sliding-window models (contexts several times the window): greedy tokens equal
+transformers' with the cache on and off, with a prefix hit, chunked prefill and preemption; a
+hybrid model (Qwen2, full and windowed layers) as well as an all-windowed one (Mistral).
+
+Every block of a request stays in its table here: the window only masks attention (no block is
+released when it leaves the window), so prefix hits are those of a full-attention model."""
+
+from __future__ import annotations
+
+import pytest
+from model_testutil import build_tiny_model
+from test_engine import (
+    check_pool,
+    greedy_with_cache_on_off_and_a_prefix_hit,
+    hf_greedy,
+    make,
+    prompt,
+)
+
+from kvscope.engine import Engine, EngineConfig, SamplingParams
+from kvscope.engine.models.load import load_model
+
+BS = 4
+PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["mistral_window", "qwen2_window_layers"])
+def windowed(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return folder, build_tiny_model(request.param, folder)
+
+
+def test_greedy_tokens_match_transformers_with_cache_on_off_and_a_prefix_hit(windowed):
+    assert 5 * windowed[1].config.sliding_window < 42  # the prompts' lengths
+    greedy_with_cache_on_off_and_a_prefix_hit(windowed)
+
+
+def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed):
+    _, hf = windowed
+    prompts = [prompt(30 + 3 * i, seed=10 + i) for i in range(5)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    want = [hf_greedy(hf, p, 20) for p in prompts]
+    # 8 tokens a step: every prompt is prefilled in chunks, most chunks start past the window.
+    chunked = make(windowed, max_num_batched_tokens=8).generate(prompts, params)
+    assert [o.token_ids for o in chunked] == want
+    small_engine = make(windowed, num_blocks=26)
+    small = small_engine.generate(prompts, params)
+    assert sum(r.num_preempted for r in small_engine.step_records) > 0
+    assert [o.token_ids for o in small] == want
+    assert check_pool(small_engine).num_active_blocks == 0
+
+
+def test_the_window_changes_the_tokens(windowed):
+    """The same weights with the window taken away give other tokens on these prompts, so the
+    tests above can fail."""
+    folder, hf = windowed
+    p = prompt(42, seed=2)
+    loaded = load_model(folder)
+    for layer in loaded.model.model.layers:
+        layer.self_attn.attn.window = None
+    full = Engine(loaded, EngineConfig(block_size=BS, num_blocks=64)).generate([p], PARAMS)[0]
+    assert full.token_ids != hf_greedy(hf, p, 16)
