@@ -7,6 +7,11 @@ variants, at 16-bit, fp8 or fp32. Pure Python (no torch, no Qt).
     tokens that fit      = floor(memory / KV bytes per token)
     requests that fit    = floor(memory / bytes per request)
 
+Sliding-window layers hold at most W tokens of a request: bytes per request = (context x full
+layers + min(context, W) x windowed layers) x bytes per token per layer. Multi-head latent
+attention (DeepSeek) stores one compressed latent per token and layer, K and V together:
+kv_lora_rank + qk_rope_head_dim values (576 for DeepSeek-V3) in place of 2 x kv_heads x head_dim.
+
 Paged engines round each request up to whole blocks and keep some memory for activations; these
 are the upper bounds the textbook quotes.
 """
@@ -45,10 +50,37 @@ class KVShape:
     dtype: str = "bfloat16"  # the checkpoint's dtype: the KV cache's when kv dtype is "auto"
     max_position_embeddings: int | None = None
     notes: tuple[str, ...] = ()  # where the textbook formula over- or under-states the real cache
+    window: int | None = None  # the sliding window W of the windowed layers
+    window_layers: int = 0  # how many layers attend within it (the others: full attention)
+    latent: int | None = None  # MLA: values per token and layer (kv_lora_rank + rope dims)
+
+    @property
+    def per_layer_elements(self) -> int:
+        """K/V values one token stores in one layer."""
+        return self.latent or 2 * self.num_kv_heads * self.head_dim
+
+    def formula(self, b: int) -> str:
+        """KV bytes per token, spelled out."""
+        if self.latent:
+            return (f"{self.num_layers} layers × {self.latent} latent values "
+                    f"(kv_lora_rank + qk_rope_head_dim, K and V together) × {b} B")
+        return (f"2 (K and V) × {self.num_layers} layers × {self.num_kv_heads} KV heads × "
+                f"{self.head_dim} head_dim × {b} B")
+
+    def request_formula(self, context: int, b: int) -> str:
+        """KV bytes per request of `context` tokens, spelled out."""
+        if not self.window_layers:
+            return f"(prompt + output) tokens × KV bytes per token = {context:,} × " \
+                   f"{kv_bytes_per_token(self, b):,} B"
+        per_layer = self.per_layer_elements * b
+        full = self.num_layers - self.window_layers
+        return (f"({context:,} tokens × {full} full-attention layers + min({context:,}, "
+                f"{self.window:,}) × {self.window_layers} sliding-window layers) × "
+                f"{per_layer:,} B per token and layer")
 
     @property
     def kind(self) -> str:
-        return attention_kind(self.num_heads, self.num_kv_heads)
+        return "MLA" if self.latent else attention_kind(self.num_heads, self.num_kv_heads)
 
     @property
     def bytes_per_element(self) -> int:
@@ -92,22 +124,31 @@ class KVShape:
             head_dim = hidden // heads
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
         max_pos = cfg.get("max_position_embeddings")
-        notes = []
+        notes, latent = [], None
         if cfg.get("kv_lora_rank"):
-            notes.append(f"multi-head latent attention (kv_lora_rank {cfg['kv_lora_rank']}): the "
-                         "real cache holds a compressed latent, far smaller than this formula")
-        window = cfg.get("sliding_window")
-        if window and cfg.get("use_sliding_window", True):
-            notes.append(f"sliding_window {window}: engines with windowed attention keep at most "
-                         f"{window} tokens per request in (some) layers")
+            latent = _positive_int(cfg, "kv_lora_rank") + (
+                _positive_int(cfg, "qk_rope_head_dim") if cfg.get("qk_rope_head_dim") else 0)
+            notes.append(f"multi-head latent attention: {latent} values per token and layer "
+                         f"(kv_lora_rank {cfg['kv_lora_rank']} + qk_rope_head_dim "
+                         f"{cfg.get('qk_rope_head_dim', 0)}), not 2 × heads × head_dim")
+        window, windowed = _windowed_layers(cfg, layers)
+        if windowed:
+            notes.append(f"sliding window of {window:,} tokens in {windowed} of {layers} layers: "
+                         f"they hold at most {window:,} tokens of a request")
         return cls(layers, heads, kv_heads, head_dim, dtype,
-                   max_pos if isinstance(max_pos, int) and max_pos > 0 else None, tuple(notes))
+                   max_pos if isinstance(max_pos, int) and max_pos > 0 else None, tuple(notes),
+                   window if windowed else None, windowed, latent)
 
     @classmethod
     def from_model_config(cls, mc) -> KVShape:
         """From our ``kvscope.engine.models.config.ModelConfig``."""
+        windowed = sum(w is not None for w in mc.layer_windows)
+        notes = (f"sliding window of {mc.sliding_window:,} tokens in {windowed} of "
+                 f"{mc.num_layers} layers; kvscope's engine does not release the blocks that "
+                 "leave it yet, so its pool holds whole contexts",) if windowed else ()
         return cls(mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.torch_dtype,
-                   mc.max_position_embeddings)
+                   mc.max_position_embeddings, notes, mc.sliding_window if windowed else None,
+                   windowed)
 
     @classmethod
     def from_any(cls, config) -> KVShape:
@@ -120,6 +161,31 @@ class KVShape:
     def describe(self) -> str:
         return (f"{self.num_layers} layers · {self.num_heads} heads · {self.num_kv_heads} KV "
                 f"heads ({self.kind}) · head_dim {self.head_dim} · {self.dtype}")
+
+
+def _windowed_layers(cfg: dict, layers: int) -> tuple[int | None, int]:
+    """(W, how many layers attend within it), as transformers reads these configs: per-layer
+    `layer_types`; Gemma 3's `sliding_window_pattern` (every n-th layer global, default 6) and
+    Gemma 2's alternation (even layers local); Qwen2/Qwen3's `use_sliding_window` from layer
+    `max_window_layers` on; else (Mistral) every layer."""
+    window = cfg.get("sliding_window")
+    if not window:
+        return None, 0
+    window = _positive_int(cfg, "sliding_window")
+    types, model = cfg.get("layer_types"), str(cfg.get("model_type", ""))
+    if isinstance(types, list) and len(types) == layers:
+        return window, sum(t == "sliding_attention" for t in types)
+    if model.startswith("gemma3"):
+        pattern = cfg.get("sliding_window_pattern") or 6
+        return window, sum((i + 1) % pattern != 0 for i in range(layers))
+    if model.startswith("gemma2"):
+        return window, (layers + 1) // 2
+    if "use_sliding_window" in cfg:
+        if not cfg["use_sliding_window"]:
+            return None, 0
+        first = cfg.get("max_window_layers", 28)
+        return window, max(0, layers - first) if isinstance(first, int) else layers
+    return window, layers
 
 
 def _positive_int(cfg: dict, key: str) -> int:
@@ -162,14 +228,19 @@ def element_bytes(dtype: str | int) -> int:
 
 
 def kv_bytes_per_token(shape: KVShape, dtype: str | int | None = None) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element (MLA: layers x latent x
+    bytes): what one token costs while every layer holds it (inside any window)."""
     b = shape.bytes_per_element if dtype is None else element_bytes(dtype)
-    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * b
+    return shape.num_layers * shape.per_layer_elements * b
 
 
 def bytes_per_request(shape: KVShape, context_tokens: int, dtype: str | int | None = None) -> int:
-    """KV bytes held by one request of context_tokens (prompt + output) tokens."""
-    return context_tokens * kv_bytes_per_token(shape, dtype)
+    """KV bytes held by one request of context_tokens (prompt + output) tokens; its windowed
+    layers hold min(context, W) of them."""
+    b = shape.bytes_per_element if dtype is None else element_bytes(dtype)
+    full = shape.num_layers - shape.window_layers
+    held = context_tokens * full + min(context_tokens, shape.window or 0) * shape.window_layers
+    return held * shape.per_layer_elements * b
 
 
 def tokens_that_fit(memory_bytes: float, shape: KVShape, dtype: str | int | None = None) -> int:
@@ -202,7 +273,10 @@ class Capacity:
 
 def variants(shape: KVShape) -> list[tuple[str, KVShape, bool]]:
     """(label, shape, is the config's own) for MHA (kv = heads), the config, MQA (kv = 1),
-    most KV heads first; a layout that coincides with the config's is listed once."""
+    most KV heads first; a layout that coincides with the config's is listed once. An MLA model
+    is its own only (its latent has no KV heads)."""
+    if shape.latent:
+        return [(f"MLA · {shape.latent} latent values", shape, True)]
     out = []
     for kv in sorted({shape.num_heads, shape.num_kv_heads, 1}, reverse=True):
         s = shape.with_kv_heads(kv)

@@ -37,7 +37,7 @@ from kvscope.lab import capacity as cap
 from kvscope.lab.capacity import GIB, InvalidConfigError, KVShape
 
 KIND_COLORS = {"MHA": palette.EVICTED_COLOR, "GQA": palette.ACTIVE_COLOR,
-               "MQA": palette.CACHED_COLOR}
+               "MQA": palette.CACHED_COLOR, "MLA": palette.ACTIVE_COLOR}
 PRECISION_BYTES = {"16-bit": 2, "fp8": 1, "fp32": 4}
 WIDE_MIN = 600  # px: below this the panel stacks its parts (a side dock)
 PLOT_MIN_HEIGHT = 170  # px: the plot never gets less; the panel scrolls instead
@@ -75,7 +75,7 @@ def _spin(lo: int, hi: int, value: int, tip: str, suffix: str = "") -> QSpinBox:
 
 
 def _short(kind: str, kv_heads: int, is_model: bool) -> str:
-    return f"{kind} {kv_heads} KV" + (" (model)" if is_model else "")
+    return (kind if kind == "MLA" else f"{kind} {kv_heads} KV") + (" (model)" * is_model)
 
 
 class _Body(QWidget):
@@ -394,14 +394,12 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
         self.bytes_per_token_label.setText(f"{bpt:,} B = {cap.format_bytes(bpt)}")
         self.bytes_per_token_label.setToolTip(
             "KV bytes per token: the K and V vectors all layers store for one token.\n"
-            f"= 2 (K and V) × {s.num_layers} layers × {s.num_kv_heads} KV heads × "
-            f"{s.head_dim} head_dim × {b} B ({prec})\n= {bpt:,} bytes")
+            f"= {s.formula(b)} ({prec})\n= {bpt:,} bytes")
         self.bytes_per_request_label.setText(f"{cap.format_bytes(per_req)} "
                                              f"({per_req / 1e9:,.2f} GB)")
         self.bytes_per_request_label.setToolTip(
             "KV bytes per request: the cache one request holds at its full length.\n"
-            f"= (prompt + output) tokens × KV bytes per token = {ctx:,} × {bpt:,} B\n"
-            f"= {per_req:,} bytes (1 GB = 10^9 B, 1 GiB = 2^30 B)")
+            f"= {s.request_formula(ctx, b)}\n= {per_req:,} bytes (1 GB = 10^9 B, 1 GiB = 2^30 B)")
         self.tokens_fit_label.setText(f"{n_tokens:,} tokens")
         self.tokens_fit_label.setToolTip(
             "Tokens that fit: token positions whose K and V fit in the memory, summed over "
@@ -432,6 +430,7 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
         self.table.setRowCount(len(self.rows))
         bold = QFont()
         bold.setBold(True)
+        shapes = {v.num_kv_heads: v for _, v, _own in cap.variants(self.shape)}
         for i, r in enumerate(self.rows):
             cells = [
                 (_short(r.kind, r.num_kv_heads, r.is_model),
@@ -439,14 +438,13 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
                 (r.precision, f"{r.bytes_per_element} byte{'s' * (r.bytes_per_element > 1)} "
                               "per K/V element"),
                 (cap.format_bytes(r.bytes_per_token),
-                 f"KV bytes per token = 2 × {self.shape.num_layers} layers × {r.num_kv_heads} "
-                 f"KV heads × {self.shape.head_dim} head_dim × {r.bytes_per_element} B = "
-                 f"{r.bytes_per_token:,} B"),
+                 f"KV bytes per token = {shapes[r.num_kv_heads].formula(r.bytes_per_element)}"
+                 f" = {r.bytes_per_token:,} B"),
                 (f"{r.tokens_fit:,}", f"Tokens that fit = floor(memory / bytes per token) = "
                                       f"floor({mem:,} / {r.bytes_per_token:,}) = {r.tokens_fit:,}"),
                 (f"{r.requests_fit:,}",
-                 f"Requests of {ctx:,} tokens that fit = floor(memory / (context × bytes per "
-                 f"token)) = floor({mem:,} / {r.bytes_per_request:,}) = {r.requests_fit:,}"),
+                 f"Requests of {ctx:,} tokens that fit = floor(memory / bytes per request) = "
+                 f"floor({mem:,} / {r.bytes_per_request:,}) = {r.requests_fit:,}"),
             ]
             for j, (text, tip) in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -474,14 +472,15 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
             for name, (_, v, own) in zip(names, layouts, strict=True):
                 pen = pg.mkPen(KIND_COLORS[v.kind], width=3 if own else 2)
                 self.curves[name] = self.plot.plot(name=name, pen=pen)
-        for name, (_, v, _own) in zip(names, layouts, strict=True):
-            self.curves[name].setData([0, x_max], [0, x_max * cap.kv_bytes_per_token(v, b) / GIB])
+        xs = sorted({0, x_max, *([s.window] if s.window and s.window < x_max else [])})
+        for name, (_, v, _own) in zip(names, layouts, strict=True):  # bends at the window
+            self.curves[name].setData(xs, [cap.bytes_per_request(v, x, b) / GIB for x in xs])
         mem_gib = mem / GIB
         self.memory_line.setValue(mem_gib)
         self.context_line.setValue(ctx)
         # The curves decide the y range; the memory line joins them when it is near enough
         # not to flatten them (within 4x of the steepest), else the legend says where it is.
-        top = max(x_max * cap.kv_bytes_per_token(v, b) / GIB for _, v, _own in layouts)
+        top = max(cap.bytes_per_request(v, x_max, b) / GIB for _, v, _own in layouts)
         shown = mem_gib <= 4 * top
         self.memory_line.setVisible(shown)
         self.plot.setXRange(0, x_max, padding=0.02)
