@@ -225,7 +225,7 @@ int kv_store_f32(const float *key, const float *value, float *k_cache, float *v_
     return 0;
 }
 
-/* Walks positions t = 0 .. n-1 of a sequence with `slot`, its row in the cache: block by block
+/* Walks positions t = lo .. n-1 of a sequence with `slot`, its row in the cache: block by block
  * through the table, no division per position (a 64-bit division costs more than the
  * arithmetic on a 64-float row). */
 #define EACH_POSITION(t, slot, lo, n, table, BS)                                              \
