@@ -191,6 +191,6 @@ class EngineControls:
         engine = self.w.engine
         if self.w.running:
             return "running"
-        if engine is None or engine.num_steps == 0:
-            return ""
+        if engine is None or (engine.num_steps == 0 and self.idle):
+            return ""  # (paused before the first step came back: "paused", below)
         return "nothing left to run · F5 runs the demo" if self.idle else "paused · F5 resumes"

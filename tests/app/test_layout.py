@@ -186,3 +186,18 @@ def test_the_prompt_fields_keep_their_height_and_chat_mode_grows_the_dock(qtbot,
         qtbot.waitUntil(lambda: c.form.parentWidget().height() >= c.needed_height())
     assert w.size().width() == size[0] and w.size().height() == size[1]
     w.close()
+
+
+def test_a_pause_before_the_first_step_comes_back_says_paused(window, qtbot):
+    """F5 then Space at once: on a busy machine the pause lands before the engine process's
+    first step reaches the window; the status bar still says paused (it said nothing)."""
+    assert window.engine.num_steps == 0
+    window.setFocus()
+    qtbot.keyClick(window, Qt.Key_F5)
+    qtbot.keyClick(window, Qt.Key_Space)
+    qtbot.waitUntil(lambda: window.status.text().endswith("· paused · F5 resumes"),
+                    timeout=10_000)
+    # The state that race leaves, whether or not this run hit it: stopped, work left, no step.
+    window.engine.num_steps = 0
+    window.frame_pump.show_status()
+    assert window.status.text().endswith("· paused · F5 resumes")
