@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvscope.engine.layer_windows import sliding_layers
+
 GIB = 2**30
 
 # Bytes per stored K/V element, by the names configs and engines use.
@@ -131,13 +133,17 @@ class KVShape:
             notes.append(f"multi-head latent attention: {latent} values per token and layer "
                          f"(kv_lora_rank {cfg['kv_lora_rank']} + qk_rope_head_dim "
                          f"{cfg.get('qk_rope_head_dim', 0)}), not 2 × heads × head_dim")
-        window, windowed = _windowed_layers(cfg, layers)
+        try:
+            windowed = len(sliding_layers(cfg, layers))
+        except ValueError as e:
+            raise InvalidConfigError(f"config.json: {e}") from None
+        window = _positive_int(cfg, "sliding_window") if windowed else None
         if windowed:
             notes.append(f"sliding window of {window:,} tokens in {windowed} of {layers} layers: "
                          f"they hold at most {window:,} tokens of a request")
         return cls(layers, heads, kv_heads, head_dim, dtype,
                    max_pos if isinstance(max_pos, int) and max_pos > 0 else None, tuple(notes),
-                   window if windowed else None, windowed, latent)
+                   window, windowed, latent)
 
     @classmethod
     def from_model_config(cls, mc) -> KVShape:
@@ -161,31 +167,6 @@ class KVShape:
     def describe(self) -> str:
         return (f"{self.num_layers} layers · {self.num_heads} heads · {self.num_kv_heads} KV "
                 f"heads ({self.kind}) · head_dim {self.head_dim} · {self.dtype}")
-
-
-def _windowed_layers(cfg: dict, layers: int) -> tuple[int | None, int]:
-    """(W, how many layers attend within it), as transformers reads these configs: per-layer
-    `layer_types`; Gemma 3's `sliding_window_pattern` (every n-th layer global, default 6) and
-    Gemma 2's alternation (even layers local); Qwen2/Qwen3's `use_sliding_window` from layer
-    `max_window_layers` on; else (Mistral) every layer."""
-    window = cfg.get("sliding_window")
-    if not window:
-        return None, 0
-    window = _positive_int(cfg, "sliding_window")
-    types, model = cfg.get("layer_types"), str(cfg.get("model_type", ""))
-    if isinstance(types, list) and len(types) == layers:
-        return window, sum(t == "sliding_attention" for t in types)
-    if model.startswith("gemma3"):
-        pattern = cfg.get("sliding_window_pattern") or 6
-        return window, sum((i + 1) % pattern != 0 for i in range(layers))
-    if model.startswith("gemma2"):
-        return window, (layers + 1) // 2
-    if "use_sliding_window" in cfg:
-        if not cfg["use_sliding_window"]:
-            return None, 0
-        first = cfg.get("max_window_layers", 28)
-        return window, max(0, layers - first) if isinstance(first, int) else layers
-    return window, layers
 
 
 def _positive_int(cfg: dict, key: str) -> int:

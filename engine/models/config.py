@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.engine.config import shown
+from kvscope.engine.layer_windows import sliding_layers as sliding_layers_of
 from kvscope.engine.models.architectures import by_hf_name, supported
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_KINDS = ("sliding_attention", "full_attention")  # the layer_types the engine runs
 
 
 class UnsupportedModelError(ValueError):
@@ -40,28 +42,6 @@ def _field(cfg: dict[str, Any], key: str, kind: str, default: Any = _MISSING) ->
                 "positive": "a number > 0"}[kind]
         raise UnsupportedModelError(f"config.json: {key} must be {what}, got {shown(value)}")
     return value
-
-
-def _sliding_layers(cfg: dict[str, Any], arch, num_layers: int) -> tuple[int, ...] | None:
-    """Which layers use the sliding window (None: all), as transformers reads the config: every
-    layer of a Mistral; for Qwen2/Qwen3, `layer_types` ("sliding_attention" / "full_attention"
-    per layer) when given, else the layers from `max_window_layers` on."""
-    if arch.sliding_window == "always":
-        return None
-    types = cfg.get("layer_types")
-    if types is not None:
-        kinds = ("sliding_attention", "full_attention")
-        if (not isinstance(types, list) or len(types) != num_layers
-                or any(t not in kinds for t in types)):
-            raise UnsupportedModelError(
-                f"config.json: layer_types must list {num_layers} of {' or '.join(kinds)}, "
-                f"got {shown(types)}")
-        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    first = cfg.get("max_window_layers", 28)  # transformers' default
-    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-        raise UnsupportedModelError(f"config.json: max_window_layers must be an integer >= 0, "
-                                    f"got {shown(first)}")
-    return tuple(range(min(first, num_layers), num_layers))
 
 
 def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -138,7 +118,16 @@ class ModelConfig:
                                                cfg.get(arch.sliding_window)):
             sliding_window = _field(cfg, "sliding_window", "size", None)
         num_layers = _field(cfg, "num_hidden_layers", "size")
-        sliding_layers = _sliding_layers(cfg, arch, num_layers) if sliding_window else None
+        types = cfg.get("layer_types")
+        if sliding_window and arch.sliding_window != "always" and types is not None and (
+                not isinstance(types, list) or len(types) != num_layers
+                or any(t not in LAYER_KINDS for t in types)):
+            raise UnsupportedModelError(f"config.json: layer_types must list {num_layers} of "
+                                        f"{' or '.join(LAYER_KINDS)}, got {shown(types)}")
+        try:
+            sliding_layers = sliding_layers_of(cfg, num_layers) if sliding_window else None
+        except ValueError as e:
+            raise UnsupportedModelError(f"config.json: {e}") from None
 
         return cls(
             architecture=arch.hf_name,

@@ -72,9 +72,11 @@ def test_qwen2_windows_from_max_window_layers_and_gemma2_alternates():
     assert KVShape.from_hf_dict(dict(qwen, use_sliding_window=False)).window_layers == 0
     gemma2 = dict(MISTRAL_7B, model_type="gemma2", num_hidden_layers=42)
     assert KVShape.from_hf_dict(gemma2).window_layers == 21
-    typed = dict(MISTRAL_7B, num_hidden_layers=3,
+    typed = dict(qwen, num_hidden_layers=3,
                  layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     assert KVShape.from_hf_dict(typed).window_layers == 2
+    # transformers' Mistral windows every layer whatever layer_types says, as the engine does
+    assert KVShape.from_hf_dict(dict(typed, model_type="mistral")).window_layers == 3
 
 
 def test_the_engines_windowed_model_config_says_its_pool_holds_whole_contexts():
