@@ -164,8 +164,7 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.verticalHeader().setDefaultSectionSize(22)
 
-        self.plot = pg.PlotWidget(background="w")
-        self.plot.setMenuEnabled(False)
+        self.plot = pg.PlotWidget(background="w", enableMenu=False)
         self.grid = Grid(self.plot.plotItem, x=True)  # showGrid costs more than the lines
         self.plot.setLabel("left", "KV GiB / request")
         self.plot.setLabel("bottom", "context", units="tokens")

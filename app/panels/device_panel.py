@@ -106,13 +106,12 @@ class DevicePanel(QWidget, FrameIndependent):
             self.start()
 
     def _plot(self, row: int, label: str, tip: str) -> pg.PlotItem:
-        p = self.glw.addPlot(row=row, col=0)
+        p = self.glw.addPlot(row=row, col=0, enableMenu=False)
         p.setLabel("left", label)
         p.setToolTip(tip)
         p.getAxis("left").setWidth(48)
         p.getAxis("left").enableAutoSIPrefix(False)  # GiB stay GiB (no "x0.001")
         self.grids.append(Grid(p, x=True))  # showGrid costs more than the curves
-        p.setMenuEnabled(False)
         p.setMouseEnabled(x=False, y=False)
         return p
 

@@ -106,11 +106,10 @@ class PrefixTreePanel(QWidget):
         self.identities = Identities()  # what each root stands for, learnt from the frames
         self.latest: Snapshot | None = None  # the newest snapshot shown (the tree may lag it)
         self.stale = False  # a snapshot came since the last rebuild began
-        self.plot = pg.PlotWidget(background="w")
+        self.plot = pg.PlotWidget(background="w", enableMenu=False)
         self.plot.hideAxis("left")
         self.plot.hideAxis("bottom")
         self.plot.invertY(True)
-        self.plot.setMenuEnabled(False)
         self.vb = self.plot.plotItem.vb
         self.edges = pg.PlotCurveItem(pen=pg.mkPen("#9a9a9a", width=1), connect="pairs")
         self.nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True, tip=None)  # ours, in words

@@ -76,7 +76,8 @@ class SeriesPlots:
     def _plot(self, name: str, label: str, tip: str, ticks=None) -> pg.PlotItem:
         axes = {"left": SpacedAxis("left"), "right": SpacedAxis("right"),
                 "bottom": StepAxis("bottom")}  # shown on the lowest plot shown
-        p = self.glw.addPlot(row=len(self.plots), col=0, axisItems=axes)
+        p = self.glw.addPlot(row=len(self.plots), col=0, axisItems=axes,
+                              enableMenu=False)  # no menus: building one costs ~10 ms
         p.setLabel("left", label)
         p.showAxis("right")  # every plot has one, so their x axes line up with the batch axis
         p.getAxis("right").setWidth(40)
@@ -90,7 +91,6 @@ class SeriesPlots:
         self.grids.append(Grid(p, y_ticks=ticks))  # showGrid costs more than the curves
         for axis in ("left", "bottom", "right", "top"):  # no units: no prefix to relabel on steps
             p.getAxis(axis).enableAutoSIPrefix(False)
-        p.setMenuEnabled(False)
         p.setMouseEnabled(x=True, y=False)
         self.plots[name] = p
         self._default_titles[name] = label
@@ -99,7 +99,7 @@ class SeriesPlots:
     @staticmethod
     def _right_axis(plot: pg.PlotItem, label: str) -> pg.ViewBox:
         """A second y scale on the plot's right axis, sharing its x."""
-        view = pg.ViewBox(enableMouse=False)
+        view = pg.ViewBox(enableMouse=False, enableMenu=False)
         plot.scene().addItem(view)
         axis = plot.getAxis("right")
         axis.setStyle(showValues=True)

@@ -104,20 +104,23 @@ def test_monitor_counts_the_engine_child_process_in_the_app_memory():
     child = subprocess.Popen([sys.executable, "-c", f"b = bytearray({size}); import time; "
                               "print('ready', flush=True); time.sleep(60)"],
                              stdout=subprocess.PIPE, text=True)
+    own = monitor.process.memory_info
     try:
         assert child.stdout.readline().strip() == "ready"
         monitor.nvml.pid = child.pid  # the engine process holds the GPU memory
-        own = monitor.process.memory_info().rss
         child_rss = psutil.Process(child.pid).memory_info().rss
         assert child_rss > size
+        before = own().rss  # other threads of this worker move its memory: read it either side
         s = monitor.sample()
-        assert s.process_rss >= own + size
+        assert s.process_rss - min(before, own().rss) > 0.9 * size
         assert s.gpus[0].process_memory == 3 * GIB
     finally:
         child.kill()
         child.wait()
     time.sleep(0.1)
-    assert monitor.sample().process_rss < own + size  # and it stops counting once it is gone
+    before = own().rss
+    s = monitor.sample()
+    assert s.process_rss - max(before, own().rss) < 0.5 * size  # it stops counting once gone
     monitor.close()
 
 
