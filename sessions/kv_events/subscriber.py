@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+import weakref
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -68,6 +69,11 @@ class Attachment:
         self.monitor.setsockopt(zmq.LINGER, 0)
         self.monitor.setsockopt(zmq.RCVHWM, 0)  # before connect: inproc fixes the queue's bound
         self.monitor.connect(address)
+        # Closed in this order also when nobody calls close(): a monitor closed while its SUB
+        # still reports to it blocks the context's I/O thread at the SUB's next event, and every
+        # socket of the context with it (a dropped attachment, its sockets finalised monitor
+        # first, kept the suite's later attachments from joining).
+        self._closer = weakref.finalize(self, _close_sockets, self.sub, self.monitor)
         try:
             self.sub.connect(endpoint)
         except zmq.ZMQError as e:
@@ -111,10 +117,7 @@ class Attachment:
         return self.endpoint in self.health.unsure
 
     def close(self) -> None:
-        if not self.sub.closed:
-            self.sub.disable_monitor()
-            self.sub.close(linger=0)
-        self.monitor.close(linger=0)
+        self._closer()
 
     def _drain(self) -> int:
         n = 0
@@ -304,6 +307,14 @@ class Attachment:
         finally:
             dealer.close(linger=0)
         return outcome, got
+
+
+def _close_sockets(sub: zmq.Socket, monitor: zmq.Socket) -> None:
+    """The SUB stops reporting before its monitor's reader goes."""
+    if not sub.closed:
+        sub.disable_monitor()
+        sub.close(linger=0)
+    monitor.close(linger=0)
 
 
 def listen(attachments: list[Attachment], duration_s: float) -> None:

@@ -2,9 +2,11 @@
 replay on attach and on gaps (both reply layouts), restarts, bad frames."""
 
 import contextlib
+import gc
 import socket
 import threading
 import time
+import warnings
 
 import pytest
 import zmq
@@ -21,9 +23,20 @@ def fake():
     f.close()
 
 
+_opened: list[Attachment] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_attachments():
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def attach(fake, replay=True, **kw):
     a = Attachment(fake.endpoint, fake.replay_endpoint if replay else None, topic="kv",
                    replay_timeout_s=2.0, **kw)
+    _opened.append(a)
     fake.wait_subscribed()
     return a
 
@@ -111,6 +124,7 @@ def test_bad_frames_and_payloads_are_counted_and_the_stream_goes_on(fake):
 
 def test_a_replay_endpoint_that_never_answers_times_out(fake):
     a = Attachment(fake.endpoint, "tcp://127.0.0.1:9", topic="kv", replay_timeout_s=0.2)
+    _opened.append(a)
     fake.wait_subscribed()
     a.start()
     assert "did not finish its reply" in a.health.notes[-1]
@@ -164,6 +178,31 @@ def test_a_reset_that_removes_nothing_is_counted_and_shown():
     assert (m.num_resets, m.num_cleared, m.num_removed, m.num_resident) == (1, 2, 0, 0)
     assert "  resets (AllBlocksCleared): 1, blocks cleared (resets and restarts): 2" in \
         m.summary().splitlines()
+
+
+def test_an_attachment_dropped_unclosed_closes_its_sockets_and_never_stalls_its_context():
+    """Its SUB stops reporting before its monitor goes: a monitor finalised first (the cycle
+    collector frees in no set order) blocked the context's I/O thread at the SUB's next event,
+    and six later attachments of one CI worker never joined their publishers."""
+    ctx = zmq.Context()
+    first, second = FakePublisher(topic=b"kv"), FakePublisher(topic=b"kv")
+    try:
+        dropped = Attachment(first.endpoint, topic="kv", context=ctx)
+        first.wait_subscribed()
+        dropped.itself = dropped  # only the cycle collector frees it
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            del dropped
+            gc.collect()
+        assert [str(w.message) for w in said if w.category is ResourceWarning] == []
+        first.close()  # a disconnect: an event for the dropped SUB's monitor, were it still open
+        late = Attachment(second.endpoint, topic="kv", context=ctx)
+        second.wait_subscribed()
+        late.close()
+    finally:
+        first.close()
+        second.close()
+        ctx.term()
 
 
 def test_an_attachment_nobody_polls_never_stalls_the_others_of_its_context():
