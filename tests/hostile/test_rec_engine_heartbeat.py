@@ -9,12 +9,16 @@ import time
 
 from PySide6.QtCore import QSettings
 
+import kvscope.app.host.client as client
 from kvscope.app.host.client import NOT_RESPONDING
 from kvscope.app.window.main_window import MainWindow
 from kvscope.engine.config import DEFAULT_CPU_BLOCKS
 
 
-def test_a_stopped_engine_is_reported_and_closing_kills_it(qtbot, tmp_path):
+def test_a_stopped_engine_is_reported_and_closing_kills_it(qtbot, tmp_path, monkeypatch):
+    # Half the window's default pace (3 s unheard, a ping each 0.5 s): the same rules, sooner
+    monkeypatch.setattr(client, "NOT_RESPONDING_S", 1.5)
+    monkeypatch.setattr(client, "HEARTBEAT_MS", 250)
     w = MainWindow(settings=QSettings(str(tmp_path / "kvscope.ini"), QSettings.IniFormat))
     qtbot.addWidget(w)
     assert w.blocks_box.value() == DEFAULT_CPU_BLOCKS  # the CLI's default pool too
@@ -24,14 +28,14 @@ def test_a_stopped_engine_is_reported_and_closing_kills_it(qtbot, tmp_path):
     qtbot.waitUntil(lambda: w.engine is not None, timeout=60_000)
     proc = w.engine_client._current.proc
     try:
-        qtbot.wait(1500)
-        assert not w.banner.isVisible()  # an idle engine answers its pings
+        qtbot.wait(1000)
+        assert not w.banner.isVisible()  # an idle engine answers its pings (4 or so)
 
         os.kill(proc.pid, signal.SIGSTOP)
         t = time.monotonic()
         qtbot.waitUntil(lambda: w.banner.isVisible(), timeout=15_000)
         assert w.banner.label.text() == NOT_RESPONDING
-        assert 2.5 <= time.monotonic() - t <= 10
+        assert 1.2 <= time.monotonic() - t <= 6
 
         os.kill(proc.pid, signal.SIGCONT)
         qtbot.waitUntil(lambda: not w.banner.isVisible(), timeout=10_000)

@@ -68,21 +68,24 @@ def reference(smollm2):
 
 
 @pytest.mark.slow  # 30-90 s on 2 shared cores, most of it transformers reading the GGUF file
-# prepack: the prefill products on oneDNN with reordered weights (EngineConfig.prepack_cpu_weights)
+def test_greedy_tokens_equal_transformers_generate(smollm2, reference):
+    """Through the engine: scheduled, batched, paged, the prefix cache on."""
+    engine, _, prompts = smollm2
+    outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
+                                                   ignore_eos=True))
+    assert [o.token_ids for o in outs] == reference[1]
+
+
+# prepack: the prefill products on oneDNN with reordered weights (EngineConfig.prepack_cpu_weights,
+# which tests/test_cli.py sees reach the engine's runner)
+@pytest.mark.slow
 @pytest.mark.parametrize("prepack", [False, True], ids=["mkl_prefill", "prepacked_prefill"])
-def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2, reference, prepack):
+def test_paged_logits_equal_transformers_generate(smollm2, reference, prepack):
+    """All eight prompts packed into one prefill, then batched paged decode steps: tokens and
+    every step's logits."""
     engine, _, prompts = smollm2
     ref, ref_tokens = reference
-    if prepack:
-        engine = Engine(engine.loaded, EngineConfig(num_blocks=128, prepack_cpu_weights=True))
     try:
-        outs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
-                                                       ignore_eos=True))
-        assert [o.token_ids for o in outs] == ref_tokens
-        # the 300-token prompt's prefill went through the packed copies (or none were made)
-        assert (engine.runner.prepacked_weight_bytes > 0) == prepack
-
-        # Logits: all eight prompts packed into one prefill, then batched paged decode steps.
         runner = ModelRunner(engine.loaded, num_blocks=64, block_size=16,
                              prepack_cpu_weights=prepack)
         seqs = [PagedSeq(p, BlockAllocator(64, seed=i), 16) for i, p in enumerate(prompts)]
@@ -91,11 +94,13 @@ def test_greedy_tokens_and_logits_equal_transformers_generate(smollm2, reference
             s.alloc = alloc
         tokens, logits = greedy_decode(runner, seqs, runner.run([s.chunk() for s in seqs]),
                                        NEW_TOKENS)
+        # the 300-token prompt's prefill went through the packed copies (or none were made)
+        assert (runner.prepacked_weight_bytes > 0) == prepack
         assert tokens == ref_tokens
         worst = max((ours[i] - r.logits[step][0]).abs().max().item()
                     for step, ours in enumerate(logits) for i, r in enumerate(ref))
         assert worst <= LOGIT_ATOL, f"max abs logit difference {worst}"
-    finally:  # the runners set the flag on the shared session model: off, copies freed
+    finally:  # the runner set the flag on the shared session model: off, copies freed
         for module in engine.loaded.model.modules():
             if isinstance(module, Linear):
                 module.prepack = False
