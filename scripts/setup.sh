@@ -49,15 +49,5 @@ if [ "${1:-}" = "--dev" ]; then
     echo "setup: installing vLLM's core (the conformance tests' reference; first time ~340 MB)"
     install --no-deps -r scripts/vllm-reference.txt
 fi
-# Bytecode for what kvscope and its tests import, on every core, once (files already compiled are
-# skipped): where PYTHONDONTWRITEBYTECODE is set nothing is ever cached on import, and each process
-# would compile torch's and vLLM's modules again (the test suite took half as long again). Left
-# out: folders nothing here imports (vLLM's model zoo, transformers' other model families, the
-# OpenAI client's other APIs, packages' own tests, ...: 7,500 of 16,800 files; a module there
-# still works, compiled on import as without the cache).
-unused='/(tests?|examples|benchmarks)/|/site-packages/(pip|rich|markdown_it|typer|fsspec)/'
-unused+='|/transformers/models/(?!auto|llama|mistral|qwen|gemma|gpt2)\w+/'
-unused+='|/vllm/(models|third_party|vllm_flash_attn|model_executor/(kernels|layers/(?!quantization)))'
-unused+='|/openai/(resources|types/(beta|admin|realtime|live|webhooks|fine_tuning))/'
-unused+='|/sympy/(physics|combinatorics|stats)/|/numpy/(distutils|f2py)/'
-.venv/bin/python -m compileall -q -j 0 -x "$unused" .venv/lib/python*/site-packages >/dev/null || true
+# Bytecode for what kvscope and its tests import (the script says why and what it leaves out).
+.venv/bin/python scripts/compile_bytecode.py .venv/lib/python*/site-packages || true
