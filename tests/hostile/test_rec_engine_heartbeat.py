@@ -35,7 +35,7 @@ def test_a_stopped_engine_is_reported_and_closing_kills_it(qtbot, tmp_path, monk
         t = time.monotonic()
         qtbot.waitUntil(lambda: w.banner.isVisible(), timeout=15_000)
         assert w.banner.label.text() == NOT_RESPONDING
-        assert 1.2 <= time.monotonic() - t <= 6
+        assert 1.25 <= time.monotonic() - t <= 5  # as 2.5 to 10 s was at 3 s
 
         os.kill(proc.pid, signal.SIGCONT)
         qtbot.waitUntil(lambda: not w.banner.isVisible(), timeout=10_000)
