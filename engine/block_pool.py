@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvscope.engine.block_hash import BlockHash
+from kvscope.engine.kv_groups import group_key
 from kvscope.engine.policies import cached_set
 
 
@@ -45,10 +46,11 @@ class PoolCopy:
     taken in about a millisecond for 16k blocks (Snapshot.from_pool builds from it later)."""
 
     __slots__ = ("ref_count", "block_hash", "parent_hash", "hits", "last_use", "cached_seq",
-                 "_order", "_counts")
+                 "group", "_order", "_counts")
 
     def __init__(self, pool: BlockPool):
         self.ref_count, self.block_hash = pool.ref_count[:], pool.block_hash[:]
+        self.group = pool.group[:]
         self.parent_hash, self.hits = pool.parent_hash[:], pool.hits[:]
         self.last_use, self.cached_seq = pool.last_use[:], pool.cached_seq[:]
         self._order = pool.eviction_order()
@@ -75,6 +77,8 @@ class BlockPool:
         self.cached_seq = [0] * num_blocks  # order in which hashes were registered (fifo)
         self._num_registered = 0
         self.last_use = [-1] * num_blocks
+        self.group = [0] * num_blocks  # the KV-cache group that last allocated the block
+        self.group_used = False  # a group other than 0 has allocated (else group is all 0)
         # Free blocks without a hash, head = next to reuse; then the cached ones.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached = cached_set(eviction_policy)
@@ -120,7 +124,8 @@ class BlockPool:
         again and again."""
         new = object.__new__(BlockPool)
         new.__dict__.update(self.__dict__)
-        for name in ("ref_count", "block_hash", "parent_hash", "hits", "cached_seq", "last_use"):
+        for name in ("ref_count", "block_hash", "parent_hash", "hits", "cached_seq", "last_use",
+                     "group"):
             setattr(new, name, getattr(self, name)[:])
         new._free, new._cached = self._free.copy(), self._cached.clone()
         new.hash_to_block, new.dropped = self.hash_to_block.copy(), self.dropped.copy()
@@ -130,8 +135,9 @@ class BlockPool:
 
     @classmethod
     def from_snapshot(cls, snap, eviction_policy: str = "lru") -> BlockPool:
-        """The pool a Snapshot shows, its short hashes as 8-byte keys: where a session's replay
-        starts, at a keyframe. Free blocks are queued as the snapshot orders them (lru_rank);
+        """The pool a Snapshot shows, its short hashes as 8-byte keys (a block of group g > 0:
+        kv_groups.group_key of it): where a session's replay starts, at a keyframe. Free
+        blocks are queued as the snapshot orders them (lru_rank);
         cached ones are released in that order, so every policy rebuilds the same order (fifo:
         by the recorded registration order; lfu: hits, then that order)."""
         pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
@@ -142,7 +148,12 @@ class BlockPool:
             keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]  # every block's, in one go
             for b in unhashed:
                 keys[b] = None
+            for b in np.flatnonzero(snap.block_group).tolist():
+                if keys[b] is not None:
+                    keys[b] = group_key(keys[b], int(snap.block_group[b]))
             setattr(pool, name, keys)
+        pool.group = snap.block_group.astype(np.int64).tolist()
+        pool.group_used = bool(snap.block_group.any())
         key = pool.block_hash
         if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
             hashed.sort(key=snap.cached_seq.__getitem__)
@@ -182,8 +193,9 @@ class BlockPool:
             last_use[b] = step
             hits[b] += hit
 
-    def allocate(self, n: int, step: int) -> tuple[list[int], list[int]]:
-        """Take n blocks, plain free ones first. Returns (blocks, those whose hash was evicted)."""
+    def allocate(self, n: int, step: int, group: int = 0) -> tuple[list[int], list[int]]:
+        """Take n blocks for a table of KV-cache `group`, plain free ones first. Returns
+        (blocks, those whose hash was evicted)."""
         free, cached = self._free, self._cached
         if n > len(free) + len(cached):
             raise NoFreeBlocksError(f"need {n} blocks, {len(free) + len(cached)} available")
@@ -210,6 +222,10 @@ class BlockPool:
             ref_count[b] = 1
             last_use[b] = step
             blocks.append(b)
+        if group or self.group_used:
+            self.group_used = True
+            for b in blocks:
+                self.group[b] = group
         if evicted:
             self.num_evicted += len(evicted)
             self._forget_oldest_dropped()

@@ -51,7 +51,8 @@ class Engine:
         self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
-                                      config.record_events, config.eviction_policy)
+                                      config.record_events, config.eviction_policy,
+                                      self.runner.groups)
         self.events = self.manager.events
         self.scheduler = Scheduler(config, self.manager)
         self.requests: dict[int, Request] = {}
@@ -302,9 +303,9 @@ class Engine:
         self._account(rec, work, sum(t.seconds() for t in timers))
 
     def _seq_chunk(self, c: ScheduledChunk) -> SeqChunk:
+        first, *more = self.manager.block_tables(c.request.request_id)
         return SeqChunk(c.request.token_ids_between(c.start, c.start + c.num_tokens), c.start,
-                        self.manager.block_table(c.request.request_id),
-                        want_logits=self._completes(c))
+                        first, want_logits=self._completes(c), more_tables=tuple(more))
 
     def _run_one_by_one(self, chunks: list[ScheduledChunk], copies, error: Exception,
                         outputs: list[RequestOutput]):
@@ -317,7 +318,7 @@ class Engine:
         ran, rows, timers, poisoned = [], [], [], set()
         for i, c in enumerate(chunks):
             req = c.request
-            if poisoned.intersection(self.manager.block_table(req.request_id)):
+            if poisoned.intersection(self.manager.blocks_held(req.request_id)):
                 self.scheduler.requeue(req)
                 continue
             try:

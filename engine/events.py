@@ -25,7 +25,8 @@ class EventKind(str, enum.Enum):
     ALLOCATED = "allocated"
     """Fresh blocks taken from the pool for a request (`blocks`, in table order)."""
     CACHE_HIT = "cache_hit"
-    """Cached blocks reused by a request at admission (`blocks`: its table's first blocks)."""
+    """Cached blocks reused by a request at admission (`blocks`: its table's first blocks, in
+    a sliding-window group nulls (-1) first for the blocks before its window)."""
     CACHED = "cached"
     """Full blocks registered under their chain hash: reusable from now on. vLLM's
     BlockStored: `block_hashes` (one per block), `parent_hashes` (each block's chain parent;
@@ -34,6 +35,10 @@ class EventKind(str, enum.Enum):
     """Cached blocks whose hash was dropped to reuse the block. vLLM's BlockRemoved."""
     FREED = "freed"
     """A request released its blocks (`blocks`, tail first)."""
+    OUT_OF_WINDOW = "out_of_window"
+    """A sliding-window group released blocks that fell wholly out of its window (`blocks`,
+    tail first) while the request runs: its table keeps a null in their place; the blocks keep
+    their hashes (cached, evictable). vLLM emits nothing for it (remove_skipped_blocks)."""
     COW = "cow"
     """Copy-on-write: `src_block` copied into `dst_block` before a write."""
     FORKED = "forked"
@@ -70,6 +75,7 @@ CACHE_HIT = EventKind.CACHE_HIT
 CACHED = EventKind.CACHED
 EVICTED = EventKind.EVICTED
 FREED = EventKind.FREED
+OUT_OF_WINDOW = EventKind.OUT_OF_WINDOW
 COW = EventKind.COW
 FORKED = EventKind.FORKED
 RESET = EventKind.RESET
@@ -83,7 +89,8 @@ CANCELLED = EventKind.CANCELLED
 REJECTED = EventKind.REJECTED
 FINISHED = EventKind.FINISHED
 
-BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, COW, FORKED, RESET, UNCACHED)
+BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, OUT_OF_WINDOW, COW, FORKED, RESET,
+                UNCACHED)
 REQUEST_EVENTS = (ARRIVED, ADMITTED, PREFILL, DECODE, PREEMPTED, CANCELLED, REJECTED, FINISHED)
 
 # The named values each kind carries in `Event.values`, in order.
@@ -106,6 +113,7 @@ class Event:
     hashes: tuple[int, ...] = ()  # CACHED: the blocks' short hashes, then their parents'
     detail: str = ""  # for people: the event log and exports show it
     values: tuple = ()  # the kind's named values (VALUES): read them by name
+    group: int = 0  # block events: the KV-cache group whose table the blocks are in
 
     def _value(self, name: str):
         names = VALUES.get(self.kind, ())
@@ -174,13 +182,14 @@ class EventLog:
         self._events: deque[Event] = deque(maxlen=capacity)
         self.num_dropped = 0
 
-    def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="", values=()) -> None:
+    def emit(self, kind, step, request_id, blocks=(), hashes=(), detail="", values=(),
+             group=0) -> None:
         if self.enabled:
             if len(self._events) == self._events.maxlen:
                 self.num_dropped += 1
             self._events.append(
                 Event(kind, step, request_id, tuple(blocks), time.monotonic_ns(), tuple(hashes),
-                      detail, values)
+                      detail, values, group)
             )
 
     def _emit_values(self, kind: EventKind, step: int, request_id: int, *values) -> None:
@@ -201,12 +210,14 @@ class EventLog:
     def rejected(self, step: int, request_id: int, reason: str) -> None:
         self._emit_values(EventKind.REJECTED, step, request_id, reason)
 
-    def cow(self, step: int, request_id: int, src_block: int, dst_block: int) -> None:
-        self.emit(EventKind.COW, step, request_id, (src_block, dst_block))
+    def cow(self, step: int, request_id: int, src_block: int, dst_block: int,
+            group: int = 0) -> None:
+        self.emit(EventKind.COW, step, request_id, (src_block, dst_block), group=group)
 
-    def cached(self, step: int, request_id: int, blocks, block_hashes, parent_hashes) -> None:
+    def cached(self, step: int, request_id: int, blocks, block_hashes, parent_hashes,
+               group: int = 0) -> None:
         self.emit(EventKind.CACHED, step, request_id, blocks,
-                  (*block_hashes, *parent_hashes))
+                  (*block_hashes, *parent_hashes), group=group)
 
     def drain(self) -> list[Event]:
         events = list(self._events)

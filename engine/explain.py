@@ -12,6 +12,7 @@ NEVER_STORED = "never_stored"  # no request stored these tokens after this prefi
 EVICTED = "evicted"  # stored once, evicted (or dropped by a reset) at a known step
 DIFFERENT_EXTRA_KEYS = "different_extra_keys"  # same tokens stored under another salt/adapter/model
 FORGOTTEN = "forgotten"  # not cached, and older than the eviction history kept
+WINDOW_CUT = "window_cut"  # a sliding-window group lacked blocks before the point others reached
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,14 @@ class MissExplanation:
     dropped_at_step: int | None = None  # for EVICTED
     dropped_by: str | None = None  # "evicted" or "reset"
     differing_keys: tuple[str, ...] = ()  # for DIFFERENT_EXTRA_KEYS: "cache_salt", "adapter", ...
+    # WINDOW_CUT: the group that cut the hit ("sliding window 4096"), the blocks full attention
+    # (or the prompt, without full attention) reached, the blocks before that point the group
+    # needs cached and how many of them it had
+    cut_by_group: str | None = None
+    reach_blocks: int = 0
+    group_blocks_needed: int = 0
+    group_blocks_found: int = 0
+    full_attention: bool = False  # the model has full-attention layers (they reached the point)
 
     @property
     def num_hit_tokens(self) -> int:
@@ -48,6 +57,14 @@ class MissExplanation:
         if self.reason == TOO_SHORT:
             return (f"The prompt has {n} tokens: no full block of {bs} comes before its last "
                     "token, and only full blocks are shared (the last token is always computed).")
+        if self.reason == WINDOW_CUT:
+            reach = self.reach_blocks * bs
+            before = (f"full attention cached {reach:,} tokens" if self.full_attention
+                      else f"the prompt has {reach:,} tokens in full blocks before its last")
+            return (f"{hit}: {before}; the {self.cut_by_group} group had "
+                    f"{self.group_blocks_found} of the {self.group_blocks_needed} blocks it "
+                    f"needs right before token {reach:,}, so the hit is "
+                    f"{self.num_hit_tokens:,} tokens (every group must accept a hit).")
         i = self.first_miss_block
         where = f"block {i} (tokens {i * bs}-{(i + 1) * bs - 1})"
         if self.reason == EVICTED:

@@ -7,6 +7,11 @@ step can hit them. That is safe because the engine runs every chunk of a step in
 forward pass in which each layer stores the K/V of all new tokens before any token attends. If
 that forward pass fails, `uncache` withdraws what the step registered for the failed requests:
 a block is a hit only once its KV is written.
+
+KV-cache groups (`kvscope.engine.kv_groups`): a request has one block table per group, all
+drawing from the one pool; hashes are stored per group; a sliding-window group releases the
+blocks that leave its window (a NULL stays in the table) and a hit is the length every group
+accepts, as vLLM's HybridKVCacheCoordinator computes it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
+from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup, group_key
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 
 MAX_KEYS_CHECKED = 16  # extra-key identities compared when explaining a miss
@@ -29,18 +35,26 @@ class _Seq:
     keys: ExtraKeys
     root: bytes
     hashes: list[bytes]  # chain hashes of the full blocks of token_ids, computed on demand
-    table: list[int]
+    tables: list[list[int]]  # one block table per group (NULL: released out of a window)
     num_computed: int = 0
     num_registered: int = 0  # leading full blocks already offered to the cache
+
+    @property
+    def table(self) -> list[int]:
+        return self.tables[0]
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
                  model_fingerprint: str = "", record_events: bool = True,
-                 eviction_policy: str = "lru"):
+                 eviction_policy: str = "lru", groups: tuple[KVGroup, ...] = ONE_GROUP):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
+        self.groups = tuple(groups) or ONE_GROUP
+        # vLLM's lookup order: full-attention groups first (a tight first bound)
+        self._lookup_order = sorted(range(len(self.groups)),
+                                    key=lambda g: self.groups[g].window is not None)
         self.enable_prefix_caching = enable_prefix_caching
         self.model_fingerprint = model_fingerprint
         self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
@@ -54,14 +68,17 @@ class KVCacheManager:
         self.hit_tokens = self.query_tokens = 0
         self.num_requests_queried = self.num_requests_hit = 0
         self.num_cow_copies = 0
+        self.num_out_of_window = 0  # blocks released out of a sliding window
+        self._group_hits: tuple[int, ...] = ()  # the last lookup: blocks each group accepted
 
     # ----------------------------------------------------------------- admission
     def can_admit(self, token_ids: list[int], num_new_tokens: int, cache_salt: str | None = None,
                   adapter: str | None = None) -> bool:
         keys = self._keys(cache_salt, adapter)
-        hit = self._lookup(self._chain(keys, token_ids), len(token_ids))
-        num_new_tokens = min(num_new_tokens, len(token_ids) - len(hit) * self.block_size)
-        return self._admit_cost(hit, num_new_tokens) <= self.pool.num_available
+        num_hit, hit = self._lookup(self._chain(keys, token_ids), len(token_ids))
+        num_cached = num_hit * self.block_size
+        num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
+        return self._admit_cost(hit, num_cached, num_new_tokens) <= self.pool.num_available
 
     def admit(self, request_id: int, token_ids: list[int], num_new_tokens: int | None = None,
               cache_salt: str | None = None, adapter: str | None = None,
@@ -81,35 +98,48 @@ class KVCacheManager:
         else:
             root = self._recent_keys.get(keys) or root_hash(keys)
             hashes = list(block_hashes) if self.enable_prefix_caching else []
-        hit = self._lookup((root, hashes), len(token_ids))
-        num_cached = len(hit) * self.block_size
+        num_hit, hit = self._lookup((root, hashes), len(token_ids))
+        num_cached = num_hit * self.block_size
         if num_new_tokens is None:
             num_new_tokens = len(token_ids) - num_cached
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
-        if self._admit_cost(hit, num_new_tokens) > self.pool.num_available:
+        if self._admit_cost(hit, num_cached, num_new_tokens) > self.pool.num_available:
             return None
-        self.pool.take(hit, self.step, hit=True)
-        seq = _Seq(list(token_ids), keys, root, hashes, list(hit), num_cached, len(hit))
+        tables = []
+        for g, group in enumerate(self.groups):
+            # As vLLM's add_local_computed_blocks: the hit's blocks before the window are not
+            # taken (nulls in the table); the rest are.
+            skip = min(group.skipped_tokens(num_cached) // self.block_size, len(hit[g]))
+            table = [NULL] * skip + hit[g][skip:]
+            taken = [b for b in table if b != NULL]
+            self.pool.take(taken, self.step, hit=True)
+            if taken:
+                self.events.emit(ev.CACHE_HIT, self.step, request_id, table, group=g)
+            tables.append(table)
+        seq = _Seq(list(token_ids), keys, root, hashes, tables, num_cached, num_hit)
         self.seqs[request_id] = seq
-        if hit:
-            self.events.emit(ev.CACHE_HIT, self.step, request_id, hit)
         if count_stats:
             self.query_tokens += len(token_ids)
             self.hit_tokens += num_cached
             self.num_requests_queried += 1
-            self.num_requests_hit += bool(hit)
-            why = self._explain(request_id, seq, len(hit))
+            self.num_requests_hit += bool(num_hit)
+            why = self._explain(request_id, seq, num_hit)
             self.explanations[request_id] = why
             self.new_explanations.append(why)
         self._remember_keys(keys, root)
         self.allocate(request_id, num_new_tokens)
         return num_cached
 
-    def _admit_cost(self, hit: list[int], num_new_tokens: int) -> int:
+    def _admit_cost(self, hit: list[list[int]], num_cached: int, num_new_tokens: int) -> int:
         """Blocks the pool must give up: cached blocks taken by the hit plus fresh ones."""
-        reused_from_queue = sum(1 for b in hit if self.pool.ref_count[b] == 0)
-        end = len(hit) * self.block_size + num_new_tokens
-        return reused_from_queue + max(0, -(-end // self.block_size) - len(hit))
+        bs, ref = self.block_size, self.pool.ref_count
+        end_blocks = -(-(num_cached + num_new_tokens) // bs)
+        cost = 0
+        for g, group in enumerate(self.groups):
+            skip = group.skipped_tokens(num_cached) // bs
+            cost += sum(1 for b in hit[g][skip:] if b != NULL and ref[b] == 0)
+            cost += max(0, end_blocks - max(skip, len(hit[g])))
+        return cost
 
     # ------------------------------------------------------------------ running
     def append_token_ids(self, request_id: int, token_ids: list[int]) -> None:
@@ -117,54 +147,80 @@ class KVCacheManager:
         self.seqs[request_id].token_ids.extend(token_ids)
 
     def can_allocate(self, request_id: int, num_new_tokens: int) -> bool:
-        return self._allocate_cost(self.seqs[request_id], num_new_tokens) <= self.pool.num_available
+        seq = self.seqs[request_id]
+        self._release_out_of_window(request_id, seq)
+        return self._allocate_cost(seq, num_new_tokens) <= self.pool.num_available
 
     def allocate(self, request_id: int, num_new_tokens: int) -> list[tuple[int, int]]:
         """Allocate slots for the next `num_new_tokens` known tokens; they count as computed from
         now on. Returns copy-on-write copies (source block, new block) the model runner must make
-        before writing KV. Raises NoFreeBlocksError, changing nothing, if the pool is short."""
+        before writing KV. Raises NoFreeBlocksError, changing nothing but the release of blocks
+        out of a window, if the pool is short."""
         seq = self.seqs[request_id]
         end = seq.num_computed + num_new_tokens
         if end > len(seq.token_ids):
             raise ValueError(f"request {request_id}: {end} tokens to compute, "
                              f"only {len(seq.token_ids)} known")
+        self._release_out_of_window(request_id, seq)
         cost = self._allocate_cost(seq, num_new_tokens)
         if cost > self.pool.num_available:
             raise NoFreeBlocksError(f"request {request_id} needs {cost} blocks, "
                                     f"{self.pool.num_available} available")
         copies = []
-        if self._needs_cow(seq, num_new_tokens):
-            i = seq.num_computed // self.block_size
-            (dst,) = self._fresh(request_id, 1)
-            src = seq.table[i]
-            self.pool.release([src], self.step)
-            seq.table[i] = dst
-            copies.append((src, dst))
-            self.num_cow_copies += 1
-            self.events.cow(self.step, request_id, src, dst)
-        need = -(-end // self.block_size) - len(seq.table)
-        if need > 0:
-            seq.table.extend(self._fresh(request_id, need))
+        i = seq.num_computed // self.block_size
+        for g, table in enumerate(seq.tables):
+            if self._needs_cow(table, seq.num_computed, num_new_tokens):
+                (dst,) = self._fresh(request_id, 1, g)
+                src = table[i]
+                self.pool.release([src], self.step)
+                table[i] = dst
+                copies.append((src, dst))
+                self.num_cow_copies += 1
+                self.events.cow(self.step, request_id, src, dst, group=g)
+        need = -(-end // self.block_size)
+        for g, table in enumerate(seq.tables):
+            if need > len(table):
+                table.extend(self._fresh(request_id, need - len(table), g))
         seq.num_computed = end
         self._register_full_blocks(request_id, seq)
         return copies
 
+    def _release_out_of_window(self, request_id: int, seq: _Seq) -> None:
+        """As vLLM's remove_skipped_blocks: a sliding-window group gives back the blocks wholly
+        before the window of the next token, tail first, each replaced by NULL in the table.
+        They keep their hashes (cached, evictable), so a later request may still hit them."""
+        for g, group in enumerate(self.groups):
+            if group.window is None:
+                continue
+            table = seq.tables[g]
+            skip = min(group.skipped_tokens(seq.num_computed) // self.block_size, len(table))
+            released = []
+            for i in range(skip - 1, -1, -1):
+                if table[i] == NULL:
+                    break
+                released.append(table[i])
+                table[i] = NULL
+            if released:
+                self.pool.release(released, self.step)
+                self.num_out_of_window += len(released)
+                self.events.emit(ev.OUT_OF_WINDOW, self.step, request_id, released, group=g)
+
     def _allocate_cost(self, seq: _Seq, num_new_tokens: int) -> int:
-        end = seq.num_computed + num_new_tokens
-        fresh = max(0, -(-end // self.block_size) - len(seq.table))
-        return fresh + self._needs_cow(seq, num_new_tokens)
+        need = -(-(seq.num_computed + num_new_tokens) // self.block_size)
+        return sum(max(0, need - len(t)) + self._needs_cow(t, seq.num_computed, num_new_tokens)
+                   for t in seq.tables)
 
-    def _needs_cow(self, seq: _Seq, num_new_tokens: int) -> bool:
+    def _needs_cow(self, table: list[int], num_computed: int, num_new_tokens: int) -> bool:
         """The next token lands in a partially filled block that another request also holds."""
-        i, offset = divmod(seq.num_computed, self.block_size)
-        return (num_new_tokens > 0 and offset != 0 and i < len(seq.table)
-                and self.pool.ref_count[seq.table[i]] > 1)
+        i, offset = divmod(num_computed, self.block_size)
+        return (num_new_tokens > 0 and offset != 0 and i < len(table) and table[i] != NULL
+                and self.pool.ref_count[table[i]] > 1)
 
-    def _fresh(self, request_id: int, n: int) -> list[int]:
-        blocks, evicted = self.pool.allocate(n, self.step)
+    def _fresh(self, request_id: int, n: int, group: int = 0) -> list[int]:
+        blocks, evicted = self.pool.allocate(n, self.step, group)
         if evicted:
-            self.events.emit(ev.EVICTED, self.step, request_id, evicted)
-        self.events.emit(ev.ALLOCATED, self.step, request_id, blocks)
+            self.events.emit(ev.EVICTED, self.step, request_id, evicted, group=group)
+        self.events.emit(ev.ALLOCATED, self.step, request_id, blocks, group=group)
         return blocks
 
     def _register_full_blocks(self, request_id: int, seq: _Seq) -> None:
@@ -177,15 +233,18 @@ class KVCacheManager:
                 seq.hashes += hash_blocks(parent, seq.token_ids[: num_full * self.block_size],
                                           self.block_size, len(seq.hashes))
             parents = [seq.root, *seq.hashes]
-            cached = [(seq.table[i], seq.hashes[i], parents[i])
-                      for i in range(seq.num_registered, num_full)
-                      if self.pool.cache(seq.table[i], seq.hashes[i], parents[i], i == 0)]
-            if cached:
-                self._registered.setdefault(request_id, []).extend(b for b, _, _ in cached)
-                if self.events.enabled:
-                    self.events.cached(self.step, request_id, [b for b, _, _ in cached],
-                                       [short_hash(h) for _, h, _ in cached],
-                                       [short_hash(p) for _, _, p in cached])
+            for g, table in enumerate(seq.tables):
+                cached = [(table[i], seq.hashes[i], parents[i])
+                          for i in range(seq.num_registered, num_full)
+                          if table[i] != NULL and self.pool.cache(
+                              table[i], group_key(seq.hashes[i], g),
+                              group_key(parents[i], g), i == 0)]
+                if cached:
+                    self._registered.setdefault(request_id, []).extend(b for b, _, _ in cached)
+                    if self.events.enabled:
+                        self.events.cached(self.step, request_id, [b for b, _, _ in cached],
+                                           [short_hash(h) for _, h, _ in cached],
+                                           [short_hash(p) for _, _, p in cached], group=g)
         seq.num_registered = num_full
 
     def begin_step(self, step: int) -> None:
@@ -210,19 +269,23 @@ class KVCacheManager:
         if child_id in self.seqs:
             raise ValueError(f"request {child_id} is already admitted")
         p = self.seqs[parent_id]
-        self.pool.take(p.table, self.step)
+        for g, table in enumerate(p.tables):
+            held = [b for b in table if b != NULL]
+            self.pool.take(held, self.step)
+            self.events.emit(ev.FORKED, self.step, child_id, held, detail=f"from {parent_id}",
+                             group=g)
         self.seqs[child_id] = _Seq(list(p.token_ids), p.keys, p.root, list(p.hashes),
-                                   list(p.table), p.num_computed, p.num_registered)
-        self.events.emit(ev.FORKED, self.step, child_id, p.table, detail=f"from {parent_id}")
+                                   [t[:] for t in p.tables], p.num_computed, p.num_registered)
 
     def free(self, request_id: int) -> None:
-        """Release a request at any phase (finished, cancelled, preempted). Tail first, so the
-        end of a chain is evicted before its head."""
+        """Release a request at any phase (finished, cancelled, preempted), group by group. Tail
+        first, so the end of a chain is evicted before its head."""
         seq = self.seqs.pop(request_id)
-        blocks = seq.table[::-1]
-        self.pool.release(blocks, self.step)
-        if blocks:
-            self.events.emit(ev.FREED, self.step, request_id, blocks)
+        for g, table in enumerate(seq.tables):
+            blocks = [b for b in reversed(table) if b != NULL]
+            self.pool.release(blocks, self.step)
+            if blocks:
+                self.events.emit(ev.FREED, self.step, request_id, blocks, group=g)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix. Running requests keep their blocks, which just stop being
@@ -231,8 +294,16 @@ class KVCacheManager:
         self.events.emit(ev.RESET, self.step, None, blocks)
 
     # ----------------------------------------------------------------- queries
-    def block_table(self, request_id: int) -> list[int]:
-        return self.seqs[request_id].table
+    def block_table(self, request_id: int, group: int = 0) -> list[int]:
+        return self.seqs[request_id].tables[group]
+
+    def block_tables(self, request_id: int) -> list[list[int]]:
+        """The request's table in each group."""
+        return self.seqs[request_id].tables
+
+    def blocks_held(self, request_id: int) -> set[int]:
+        """Every block the request holds, in any group."""
+        return {b for t in self.seqs[request_id].tables for b in t if b != NULL}
 
     def num_computed_tokens(self, request_id: int) -> int:
         return self.seqs[request_id].num_computed
@@ -249,15 +320,16 @@ class KVCacheManager:
         return {r: s.num_computed for r, s in self.seqs.items()}
 
     def snapshot(self) -> Snapshot:
-        return Snapshot.from_pool(self.pool, {r: s.table for r, s in self.seqs.items()},
-                                  self.num_computed(), self.counters(), self.step,
-                                  self.block_size)
+        return self.pool_state().snapshot()
 
     def pool_state(self) -> PoolState:
         """A cheap copy of the block state, to be turned into a Snapshot elsewhere."""
+        seqs = self.seqs.items()
         return PoolState(self.step, self.block_size, self.pool.copy(),
-                         {r: s.table[:] for r, s in self.seqs.items()}, self.num_computed(),
-                         self.counters())
+                         {r: s.tables[0][:] for r, s in seqs}, self.num_computed(),
+                         self.counters(), self.groups,
+                         tuple({r: s.tables[g][:] for r, s in seqs}
+                               for g in range(1, len(self.groups))))
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, cache_salt: str | None, adapter: str | None) -> ExtraKeys:
@@ -270,16 +342,62 @@ class KVCacheManager:
             return root, []
         return root, hash_blocks(root, token_ids, self.block_size)
 
-    def _lookup(self, chain: tuple[bytes, list[bytes]], num_tokens: int) -> list[int]:
-        """Physical blocks of the longest cached prefix, leaving the last token to compute."""
+    def _lookup(self, chain: tuple[bytes, list[bytes]], num_tokens: int
+                ) -> tuple[int, list[list[int]]]:
+        """The longest cached prefix every group accepts, leaving the last token to compute:
+        (its length in blocks, each group's hit blocks, NULL for those it does not need). As
+        vLLM's HybridKVCacheCoordinator: full-attention groups first, then each group may only
+        shrink the length, until none does. `_group_hits` keeps what each group accepted on its
+        first turn (for explanations)."""
         hashes = chain[1][: (num_tokens - 1) // self.block_size]
-        hit = []
-        for h in hashes:
-            b = self.pool.hash_to_block.get(h)
-            if b is None:
+        h2b, groups = self.pool.hash_to_block, self.groups
+        if len(groups) == 1 and groups[0].window is None:
+            hit = []
+            for h in hashes:
+                b = h2b.get(h)
+                if b is None:
+                    break
+                hit.append(b)
+            self._group_hits = (len(hit),)
+            return len(hit), [hit]
+        n, found, first = len(hashes), [None] * len(groups), [None] * len(groups)
+        while True:
+            start = n
+            for g in self._lookup_order:
+                window = groups[g].window
+                if window is None:
+                    if found[g] is None:
+                        found[g] = []
+                        for h in hashes:
+                            b = h2b.get(group_key(h, g))
+                            if b is None:
+                                break
+                            found[g].append(b)
+                else:
+                    found[g] = self._window_hit(g, hashes, n)
+                n = min(n, len(found[g]))
+                if first[g] is None:
+                    first[g] = len(found[g])
+            if n >= start:
                 break
-            hit.append(b)
-        return hit
+        self._group_hits = tuple(first)
+        return n, [f[:n] for f in found]
+
+    def _window_hit(self, g: int, hashes: list[bytes], n: int) -> list[int]:
+        """As vLLM's SlidingWindowManager.find_longest_cache_hit within the first n blocks: from
+        the right, the first run of the blocks the window needs, NULL before it; without one,
+        the run of cached blocks the prompt starts with."""
+        need, h2b = self.groups[g].blocks_for_hit(self.block_size), self.pool.hash_to_block
+        run: list[int] = []
+        for i in range(n - 1, -1, -1):
+            b = h2b.get(group_key(hashes[i], g))
+            if b is None:
+                run = []
+                continue
+            run.append(b)
+            if len(run) >= need:
+                return [NULL] * i + run[::-1]
+        return run[::-1]
 
     def _remember_keys(self, keys: ExtraKeys, root: bytes) -> None:
         self._recent_keys[keys] = root
@@ -297,8 +415,13 @@ class KVCacheManager:
             return ex.MissExplanation(reason=ex.TOO_SHORT, **base)
         if num_hit == (n - 1) // self.block_size:
             return ex.MissExplanation(reason=ex.FULL_HIT, **base)
+        full = [g for g, group in enumerate(self.groups) if group.window is None]
+        reach = min((self._group_hits[g] for g in full), default=(n - 1) // self.block_size)
+        if num_hit < reach:  # a sliding-window group cut what full attention (or the prompt) had
+            return self._explain_window_cut(seq, reach, bool(full), base)
         base["first_miss_block"] = num_hit
-        h = seq.hashes[num_hit]
+        g = full[0] if full else 0
+        h = group_key(seq.hashes[num_hit], g)
         if h in self.pool.dropped:
             step, why = self.pool.dropped[h]
             return ex.MissExplanation(reason=ex.EVICTED, dropped_at_step=step, dropped_by=why,
@@ -306,7 +429,7 @@ class KVCacheManager:
         prefix = seq.token_ids[: (num_hit + 1) * self.block_size]
         for keys, root in reversed(self._recent_keys.items()):
             if keys != seq.keys:
-                other = hash_blocks(root, prefix, self.block_size)[-1]
+                other = group_key(hash_blocks(root, prefix, self.block_size)[-1], g)
                 if other in self.pool.hash_to_block or other in self.pool.dropped:
                     return ex.MissExplanation(reason=ex.DIFFERENT_EXTRA_KEYS,
                                               differing_keys=tuple(seq.keys.differing(keys)),
@@ -314,6 +437,20 @@ class KVCacheManager:
         if self.pool.forgot_any:
             return ex.MissExplanation(reason=ex.FORGOTTEN, **base)
         return ex.MissExplanation(reason=ex.NEVER_STORED, **base)
+
+    def _explain_window_cut(self, seq: _Seq, reach: int, full_attention: bool,
+                            base: dict) -> ex.MissExplanation:
+        """The window group that accepted least, and how many of the blocks it needs before
+        the point full attention reached it found cached."""
+        g = min((g for g, group in enumerate(self.groups) if group.window is not None),
+                key=lambda g: self._group_hits[g])
+        need = self.groups[g].blocks_for_hit(self.block_size)
+        wanted = seq.hashes[max(0, reach - need):reach]
+        found = sum(group_key(h, g) in self.pool.hash_to_block for h in wanted)
+        return ex.MissExplanation(reason=ex.WINDOW_CUT, first_miss_block=base["num_hit_blocks"],
+                                  cut_by_group=self.groups[g].name, reach_blocks=reach,
+                                  group_blocks_needed=len(wanted), group_blocks_found=found,
+                                  full_attention=full_attention, **base)
 
 
 __all__ = ["KVCacheManager", "NoFreeBlocksError"]

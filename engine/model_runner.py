@@ -19,6 +19,7 @@ from itertools import accumulate
 import torch
 
 from kvscope import kernels
+from kvscope.engine.kv_groups import NULL, KVGroup, groups_of
 from kvscope.engine.models.attention import AttentionContext
 from kvscope.engine.models.llama import Linear
 from kvscope.engine.models.load import LoadedModel
@@ -34,6 +35,9 @@ class SeqChunk:
     start_pos: int           # tokens of this sequence already in the paged KV
     block_table: list[int]   # physical blocks covering positions 0 .. start_pos+len-1
     want_logits: bool = True  # return logits for the last new token
+    # The block tables of KV-cache groups 1.. (block_table is group 0's); NULL (-1) for a block
+    # a sliding window released (never one the new tokens are written to)
+    more_tables: tuple[list[int], ...] = ()
 
 
 def available_memory(device: torch.device) -> int:
@@ -79,10 +83,15 @@ class ForwardBatch:
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
-                 kernel_impl: str | None = None, prepack_cpu_weights: bool = False):
+                 kernel_impl: str | None = None, prepack_cpu_weights: bool = False,
+                 groups: tuple[KVGroup, ...] | None = None):
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
         forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests).
-        ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it)."""
+        ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it).
+        ``groups``: the KV-cache groups (default: the model's, from its layers' windows). Layer
+        i of a group uses the group's block tables and slice i of the KV tensor, which the
+        groups share (a block is in one group's table at a time): the tensor has as many
+        slices as the largest group has layers."""
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
@@ -98,17 +107,28 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.cache_dtype = kernels.kv_cache_dtype_of(kv_cache_dtype, self.model_dtype)
-        self.kv_bytes_per_token = (cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
+        self.groups = groups or groups_of(cfg.layer_windows)
+        slices = self._assign_groups()
+        self.kv_bytes_per_token = (slices * 2 * cfg.num_kv_heads * cfg.head_dim
                                    * self.cache_dtype.itemsize)
         check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device)
         if self.is_fp8 and self.kernels.name == "triton":
             kernels.check_fp8_support(self.device)
-        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (slices, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_cache = (kernels.cpu.zeros(shape, self.cache_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False
+
+    def _assign_groups(self) -> int:
+        """Tell each layer its group and KV slice; returns the number of slices."""
+        layers = self.model.model.layers
+        for g, group in enumerate(self.groups):
+            for i, layer in enumerate(group.layers or range(len(layers))):
+                attn = layers[layer].self_attn.attn
+                attn.group, attn.cache_index = g, i
+        return max(len(g.layers) or len(layers) for g in self.groups)
 
     @property
     def weight_bytes(self) -> int:
@@ -151,23 +171,27 @@ class ModelRunner:
 
     def prepare(self, chunks: Sequence[SeqChunk]) -> ForwardBatch:
         """Pack ``chunks`` on the host and send them to the device without a host sync."""
-        bs = self.block_size
+        bs, num_groups = self.block_size, len(self.groups)
         ids: list[int] = []
-        positions, slots, tables = [], [], []
+        positions = []
+        slots: list[list[torch.Tensor]] = [[] for _ in range(num_groups)]
+        tables: list[list[torch.Tensor]] = [[] for _ in range(num_groups)]
         seq_lens, ctx_lens = [], []
         for c in chunks:
             n, end = len(c.token_ids), c.start_pos + len(c.token_ids)
             self._check_chunk(c, n, end)
             pos = torch.arange(c.start_pos, end)
-            table = torch.tensor(c.block_table, dtype=torch.int64)
             ids.extend(c.token_ids)
             positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables.append(table)
+            for g, block_table in enumerate((c.block_table, *c.more_tables)):
+                table = torch.tensor(block_table, dtype=torch.int64)
+                slots[g].append(table[pos // bs] * bs + pos % bs)
+                tables[g].append(table.clamp_(min=0))  # a NULL is never read (out of window)
             seq_lens.append(n)
             ctx_lens.append(end)
 
-        block_tables = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True, padding_value=0)
+        block_tables = [torch.nn.utils.rnn.pad_sequence(t, batch_first=True, padding_value=0)
+                        for t in tables]
         cu_seqlens = [0, *accumulate(seq_lens)]
         logit_rows = [cu_seqlens[i + 1] - 1 for i, c in enumerate(chunks) if c.want_logits]
         dev = self.device
@@ -182,8 +206,10 @@ class ModelRunner:
             max_seqlen_k=max(ctx_lens),
             cu_seqlens_q=up(cu_seqlens, torch.int32),
             kv_cache=self.kv_cache,
-            slot_mapping=up(torch.cat(slots)),
-            block_tables=up(block_tables, torch.int32),
+            slot_mapping=up(torch.cat(slots[0])),
+            block_tables=up(block_tables[0], torch.int32),
+            more_groups=[(up(t, torch.int32), up(torch.cat(s)))
+                         for t, s in zip(block_tables[1:], slots[1:], strict=True)] or None,
             context_lens=up(ctx_lens, torch.int32),
             is_decode=all(n == 1 for n in seq_lens),
             k_scales=self.k_scales,
@@ -197,11 +223,18 @@ class ModelRunner:
             raise ValueError("a SeqChunk needs at least one new token")
         if c.start_pos < 0:
             raise ValueError(f"negative start_pos {c.start_pos}")
-        if len(c.block_table) * self.block_size < end:
-            raise ValueError(f"block table of {len(c.block_table)} blocks cannot hold {end} "
-                             f"tokens (block_size {self.block_size})")
-        if any(not 0 <= b < self.num_blocks for b in c.block_table):
-            raise ValueError(f"block id out of range [0, {self.num_blocks}) in {c.block_table}")
+        if len(c.more_tables) != len(self.groups) - 1:
+            raise ValueError(f"the model has {len(self.groups)} KV-cache groups: a SeqChunk "
+                             f"needs {len(self.groups) - 1} more block tables, got "
+                             f"{len(c.more_tables)}")
+        for table in (c.block_table, *c.more_tables):
+            if len(table) * self.block_size < end:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {end} "
+                                 f"tokens (block_size {self.block_size})")
+            if any(not 0 <= b < self.num_blocks for b in table if b != NULL):
+                raise ValueError(f"block id out of range [0, {self.num_blocks}) in {table}")
+            if NULL in table[c.start_pos // self.block_size:]:
+                raise ValueError(f"a null block where new tokens go, in {table}")
 
     @torch.inference_mode()
     def run_naive(self, token_id_lists: Sequence[Sequence[int]]) -> torch.Tensor:

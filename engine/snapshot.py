@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup
+
 # Block state codes (uint8), also the index into the GUI's colour lookup table.
 FREE, ACTIVE, SHARED, CACHED = 0, 1, 2, 3
 STATE_NAMES = ("free", "active", "shared", "cached")
@@ -70,6 +72,12 @@ class Snapshot:
     counters: CacheCounters = field(default_factory=CacheCounters)
     cached_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64
     #   [num_blocks]: order in which each block's hash was registered (the fifo policy's key)
+    # KV-cache groups (kv_groups): the model's groups; each block's (uint8 [num_blocks], the
+    # group that last allocated it); and the tables of groups 1.. (block_tables is group 0's),
+    # NULL (-1) where a sliding window released a block
+    groups: tuple[KVGroup, ...] = ONE_GROUP
+    block_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    more_tables: tuple[dict[int, np.ndarray], ...] = ()
 
     # The counters' totals, as before they were grouped.
     hit_tokens = property(lambda self: self.counters.hit_tokens)
@@ -85,11 +93,18 @@ class Snapshot:
     def num_blocks(self) -> int:
         return len(self.state)
 
+    def tables_of(self, request_id: int) -> list[np.ndarray]:
+        """The request's block table in each group (NULL: released out of a window)."""
+        return [self.block_tables[request_id], *(t[request_id] for t in self.more_tables)]
+
     @classmethod
     def from_pool(cls, pool, tables: dict[int, list[int]], num_computed_tokens: dict[int, int],
-                  counters: CacheCounters, step: int, block_size: int) -> Snapshot:
+                  counters: CacheCounters, step: int, block_size: int,
+                  groups: tuple[KVGroup, ...] = ONE_GROUP,
+                  more_tables: tuple[dict[int, list[int]], ...] = ()) -> Snapshot:
         """The one snapshot builder: from a BlockPool (live, or driven by recorded events in a
-        replay) or a PoolCopy of one, and the requests' block tables."""
+        replay) or a PoolCopy of one, and the requests' block tables (group 0's in `tables`,
+        the other groups' in `more_tables`)."""
         n = len(pool.ref_count)
         ref = np.array(pool.ref_count, dtype=np.int32)
         block_hash = short_hashes(pool.block_hash)
@@ -103,8 +118,10 @@ class Snapshot:
         lru_rank[np.fromiter(order, dtype=np.int64, count=len(order))] = \
             np.arange(len(order), dtype=np.int32)
         owner = np.full(n, -1, dtype=np.int64)
-        for rid in sorted(tables, reverse=True):  # the lowest id ends up as the owner
-            owner[tables[rid]] = rid
+        for group_tables in (*more_tables, tables):
+            for rid in sorted(group_tables, reverse=True):  # the lowest id ends up the owner
+                t = group_tables[rid]
+                owner[[b for b in t if b != NULL] if NULL in t else t] = rid
         counts = pool.counts()
         return cls(
             step=step, block_size=block_size, state=state, ref_count=ref, owner=owner,
@@ -115,7 +132,10 @@ class Snapshot:
             num_computed_tokens=dict(num_computed_tokens),
             num_free_blocks=counts.free, num_active_blocks=counts.active,
             num_cached_blocks=counts.cached, num_shared_blocks=int((ref >= 2).sum()),
-            counters=counters, cached_seq=np.array(pool.cached_seq, dtype=np.int64))
+            counters=counters, cached_seq=np.array(pool.cached_seq, dtype=np.int64),
+            groups=tuple(groups), block_group=np.array(pool.group, dtype=np.uint8),
+            more_tables=tuple({r: np.array(t, dtype=np.int32) for r, t in g.items()}
+                              for g in more_tables))
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""
@@ -124,8 +144,10 @@ class Snapshot:
             if isinstance(a, np.ndarray):
                 if a.dtype != b.dtype or not np.array_equal(a, b):
                     return False
-            elif isinstance(a, dict) and f.name == "block_tables":
-                if a.keys() != b.keys() or any(not np.array_equal(a[k], b[k]) for k in a):
+            elif f.name in ("block_tables", "more_tables"):
+                pairs = [(a, b)] if f.name == "block_tables" else zip(a, b, strict=False)
+                if len(a) != len(b) or any(x.keys() != y.keys() or any(
+                        not np.array_equal(x[k], y[k]) for k in x) for x, y in pairs):
                     return False
             elif a != b:
                 return False
@@ -155,10 +177,13 @@ class PoolState:
     step: int
     block_size: int
     pool: object  # a block_pool.PoolCopy
-    tables: dict[int, list[int]]
+    tables: dict[int, list[int]]  # group 0's
     num_computed_tokens: dict[int, int]
     counters: CacheCounters
+    groups: tuple[KVGroup, ...] = ONE_GROUP
+    more_tables: tuple[dict[int, list[int]], ...] = ()  # groups 1..'s
 
     def snapshot(self) -> Snapshot:
         return Snapshot.from_pool(self.pool, self.tables, self.num_computed_tokens,
-                                  self.counters, self.step, self.block_size)
+                                  self.counters, self.step, self.block_size, self.groups,
+                                  self.more_tables)

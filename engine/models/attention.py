@@ -1,7 +1,8 @@
 """Attention over the paged KV cache (or, for the no-cache baseline, plain causal attention).
 
 One ``AttentionContext`` describes a whole packed forward pass; every layer reads it and picks
-its own slice of the KV tensor by ``layer_idx``.
+its own slice of the KV tensor (``cache_index``) and its KV-cache group's block tables
+(``group``: kvscope.engine.kv_groups), both set by the model runner.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class AttentionContext:
     kv_cache: torch.Tensor | None = None     # [layers, 2, num_blocks, block_size, kv_heads, d]
     slot_mapping: torch.Tensor | None = None  # int64 [T]
     block_tables: torch.Tensor | None = None  # int32 [B, max_blocks], padded with 0
+    # KV-cache groups 1.. (group 0's are the two above): (block_tables, slot_mapping) each
+    more_groups: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     context_lens: torch.Tensor | None = None  # int32 [B], including the new tokens
     is_decode: bool = False                  # every sequence has exactly one new token
     k_scales: list[float] | None = None      # per layer, fp8 caches only
@@ -45,6 +48,8 @@ class Attention(nn.Module):
                  window: int | None = None):
         super().__init__()
         self.layer_idx = layer_idx
+        self.cache_index = layer_idx  # this layer's slice of the KV tensor
+        self.group = 0  # its KV-cache group: whose block tables it reads and writes
         self.window = window  # a sliding-window layer's W: keys at q - W < k <= q; None: all
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -59,17 +64,20 @@ class Attention(nn.Module):
         if ctx.kv_cache is None:
             return self._naive(q, k, v, ctx.seq_lens_q)
 
-        k_cache, v_cache = ctx.kv_cache[self.layer_idx]
+        k_cache, v_cache = ctx.kv_cache[self.cache_index]
         k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
         v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
         kernels = ctx.kernels
-        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
+        tables, slots = ctx.block_tables, ctx.slot_mapping
+        if self.group:
+            tables, slots = ctx.more_groups[self.group - 1]
+        kernels.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
         if ctx.is_decode:
             return kernels.paged_decode_attention(
-                q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale,
+                q, k_cache, v_cache, tables, ctx.context_lens, self.scale,
                 k_scale, v_scale, ctx.max_seqlen_k, window=self.window)
         return kernels.paged_prefill_attention(
-            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens,
+            q, k_cache, v_cache, tables, ctx.cu_seqlens_q, ctx.context_lens,
             self.scale, k_scale, v_scale, ctx.max_seqlen_q, window=self.window)
 
     def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:

@@ -168,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
         Python-level calls. False (nothing done) otherwise."""
         if (x.dtype != torch.float32 or not _decode_sized(x) or not ctx.is_decode
                 or ctx.kv_cache is None or ctx.kv_amax is not None or ctx.kernels is None
-                or ctx.kernels.name != "cpu"):
+                or ctx.kernels.name != "cpu" or ctx.more_groups):
             return False
         weights = self.__dict__.get("_c_weights")
         if weights is None or not weights.current():

@@ -19,6 +19,7 @@ import vllm_ref as vr
 from kvscope.engine import events as ev
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.kv_groups import KVGroup
 
 
 def content_names(salt, tokens, block_size, start: int = 0, parent: bytes = b""):
@@ -57,15 +58,20 @@ class _Side:
             if h is not None:
                 self.name_of[h] = name
 
-    def _stored(self, h) -> None:
-        self.resident[self.name_of[h]] += 1
+    def _stored(self, h, group=0) -> None:
+        self.resident[self._name_in(h, group)] += 1
 
-    def _removed(self, h) -> None:
-        name = self.name_of[h]
+    def _removed(self, h, group=0) -> None:
+        name = self._name_in(h, group)
         self.resident[name] -= 1
         if not self.resident[name]:
             del self.resident[name]
         self.removed.append(name)
+
+
+    def _name_in(self, h, group):
+        """A block's content name; in a group other than 0, (group, name)."""
+        return self.name_of[h] if not group else (group, self.name_of[h])
 
 
 class VllmSide(_Side):
@@ -73,17 +79,20 @@ class VllmSide(_Side):
     has one block more than `num_blocks`: block 0 is vLLM's null block, never handed out."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, on_events=None,
-                 lookahead: int = 0):
+                 lookahead: int = 0, windows: tuple = ()):
         """on_events(list of vLLM KV events): given what each call produced, before it is
         read here (a publisher, as vLLM's scheduler hands them to its EventPublisher).
         lookahead: vLLM's num_hash_lookahead_tokens (each hash also covers that many tokens
-        after its block, for a drafter)."""
+        after its block, for a drafter). windows: the model's KV-cache groups after a full
+        attention one, as sliding windows (None in it: no full-attention group)."""
         super().__init__(block_size)
         self.on_events = on_events
-        spec = vr.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
-                                    dtype=torch.float32)
+        kw = dict(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
+        specs = [vr.FullAttentionSpec(**kw)] if None not in windows else []
+        specs += [vr.SlidingWindowSpec(**kw, sliding_window=w) for w in windows if w]
         config = vr.KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[],
-                                  kv_cache_groups=[vr.KVCacheGroupSpec(["layer.0"], spec)])
+                                  kv_cache_groups=[vr.KVCacheGroupSpec([f"layer.{i}"], spec)
+                                                   for i, spec in enumerate(specs)])
         self.manager = vr.KVCacheManager(config, max_model_len=1 << 20,
                                          scheduler_block_size=block_size,
                                          hash_block_size=block_size, enable_caching=True,
@@ -153,10 +162,10 @@ class VllmSide(_Side):
         for e in events:
             if isinstance(e, vr.BlockStored):
                 for h in e.block_hashes:
-                    self._stored(h)
+                    self._stored(h, e.group_idx or 0)
             elif isinstance(e, vr.BlockRemoved):
                 for h in e.block_hashes:
-                    self._removed(h)
+                    self._removed(h, e.group_idx or 0)
             elif isinstance(e, vr.AllBlocksCleared):
                 self.resident.clear()
 
@@ -175,9 +184,14 @@ def _identity(r):
 class OurSide(_Side):
     """kvscope's KVCacheManager, driven with the same calls its scheduler makes."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, policy: str = "lru"):
+    def __init__(self, num_blocks: int, block_size: int = 16, policy: str = "lru",
+                 windows: tuple = ()):
+        """windows: as VllmSide's."""
         super().__init__(block_size)
-        self.manager = KVCacheManager(num_blocks, block_size, eviction_policy=policy)
+        groups = (() if None in windows else (KVGroup(),)) + tuple(
+            KVGroup(w) for w in windows if w)
+        self.manager = KVCacheManager(num_blocks, block_size, eviction_policy=policy,
+                                      groups=groups)
         self.salts: dict = {}
         self.known: dict = {}
         self._hash_of_block: dict[int, int] = {}  # block -> short hash, from CACHED events
@@ -227,11 +241,11 @@ class OurSide(_Side):
         for e in self.manager.events.drain():
             if e.kind == ev.CACHED:
                 for b, h in zip(e.blocks, e.block_hashes, strict=True):
-                    self._hash_of_block[b] = h
-                    self._stored(h)
+                    self._hash_of_block[b] = h, e.group
+                    self._stored(h, e.group)
             elif e.kind == ev.EVICTED:
                 for b in e.blocks:
-                    self._removed(self._hash_of_block.pop(b))
+                    self._removed(*self._hash_of_block.pop(b))
             elif e.kind == ev.RESET:
                 self.resident.clear()
                 self._hash_of_block.clear()

@@ -23,7 +23,8 @@ NAMES = {
     **dict.fromkeys(("KVCacheBlock", "get_block_hash", "get_request_block_hasher",
                      "hash_block_tokens", "maybe_convert_block_hash"),
                     "vllm.v1.core.kv_cache_utils"),
-    **dict.fromkeys(("FullAttentionSpec", "KVCacheConfig", "KVCacheGroupSpec"),
+    **dict.fromkeys(("FullAttentionSpec", "KVCacheConfig", "KVCacheGroupSpec",
+                     "SlidingWindowSpec"),
                     "vllm.v1.kv_cache_interface"),
     "Request": "vllm.v1.request",
 }

@@ -35,7 +35,7 @@ def evicted_by_next_admit(mgr, rid, n_tokens, seed):
 
 def chain_blocks(mgr, prompt):
     """The physical blocks holding prompt's two full blocks (looked up by a dry hit)."""
-    return mgr._lookup(mgr._chain(mgr._keys(None, None), prompt), len(prompt))
+    return mgr._lookup(mgr._chain(mgr._keys(None, None), prompt), len(prompt))[1][0]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -2,8 +2,9 @@
 transformers' with the cache on and off, with a prefix hit, chunked prefill and preemption; a
 hybrid model (Qwen2, full and windowed layers) as well as an all-windowed one (Mistral).
 
-Every block of a request stays in its table here: the window only masks attention (no block is
-released when it leaves the window), so prefix hits are those of a full-attention model."""
+The windowed layers form their own KV-cache group, whose blocks are released as they leave the
+window (tests/engine/test_kv_groups.py has the rules); so a pool that preempts a full-attention
+model may not preempt an all-windowed one: each model gets a pool size that does."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.models.load import load_model
 
 BS = 4
+PREEMPTING_POOL = {"mistral_window": 14}  # blocks (default 26): small enough to preempt
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
 
@@ -35,7 +37,7 @@ def test_greedy_tokens_match_transformers_with_cache_on_off_and_a_prefix_hit(win
     greedy_with_cache_on_off_and_a_prefix_hit(windowed)
 
 
-def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed):
+def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed, request):
     _, hf = windowed
     prompts = [prompt(30 + 3 * i, seed=10 + i) for i in range(5)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -43,7 +45,8 @@ def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed):
     # 8 tokens a step: every prompt is prefilled in chunks, most chunks start past the window.
     chunked = make(windowed, max_num_batched_tokens=8).generate(prompts, params)
     assert [o.token_ids for o in chunked] == want
-    small_engine = make(windowed, num_blocks=26)
+    spec = request.node.callspec.params["windowed"]
+    small_engine = make(windowed, num_blocks=PREEMPTING_POOL.get(spec, 26))
     small = small_engine.generate(prompts, params)
     assert sum(r.num_preempted for r in small_engine.step_records) > 0
     assert [o.token_ids for o in small] == want
