@@ -80,11 +80,12 @@ ARCH_OF = {
 }
 
 
-def build_tiny_model(spec: str, folder, seed: int = 0, dtype=torch.float32):
-    """Build, randomise (biases and norm weights too) and save one tiny model; return it."""
+def build_tiny_model(spec: str, folder, seed: int = 0, dtype=torch.float32, **changes):
+    """Build, randomise (biases and norm weights too) and save one tiny model; return it.
+    ``changes``: config fields over the spec's."""
     config_cls, overrides = MODEL_SPECS[spec]
     model_cls = ARCH_OF[config_cls]
-    config = config_cls(**{**_BASE, **overrides}, architectures=[model_cls.__name__])
+    config = config_cls(**{**_BASE, **overrides, **changes}, architectures=[model_cls.__name__])
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():
