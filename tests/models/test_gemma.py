@@ -21,10 +21,10 @@ BLOCK_SIZE = 4
 PROMPT = random_prompt(21, seed=1)  # three times the windows (6, 7)
 
 
-def _logits(loaded) -> torch.Tensor:
-    """The last prompt token's logits through the paged runner (C decode kernels, torch
-    prefill), then one decode step's."""
-    runner = ModelRunner(loaded, num_blocks=16, block_size=BLOCK_SIZE)
+def _logits(loaded, kernel_impl: str | None = None) -> torch.Tensor:
+    """The last prompt token's logits through the paged runner (by default the "cpu" kernels:
+    C decode attention, torch's fused prefill), then one decode step's."""
+    runner = ModelRunner(loaded, num_blocks=16, block_size=BLOCK_SIZE, kernel_impl=kernel_impl)
     seq = PagedSeq(PROMPT, BlockAllocator(16, seed=2), BLOCK_SIZE)
     first = runner.run([seq.chunk()])
     seq.tokens.append(int(first[0].argmax()))
@@ -78,6 +78,16 @@ def test_each_quirk_changes_the_logits(spec, quirk, tiny_model_dir):
     assert (ours[0] - ref).abs().max().item() <= LOGIT_ATOL
     _off(loaded, quirk)
     assert (_logits(loaded) - ours).abs().max().item() > 100 * LOGIT_ATOL
+
+
+@pytest.mark.parametrize("spec", GEMMA)
+def test_the_torch_reference_kernels_give_transformers_logits(spec, tiny_model_dir):
+    folder = tiny_model_dir(spec)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ours = _logits(load_model(folder), kernel_impl="torch")
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([PROMPT + [int(ours[0].argmax())]])).logits[0, -2:]
+    assert (ours - ref).abs().max().item() <= LOGIT_ATOL
 
 
 def test_gemma_decode_steps_take_the_per_layer_path(tiny_model_dir):
