@@ -48,10 +48,11 @@ class KernelBackend:
 
     ``store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)``,
     ``paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-    scale, k_scale, v_scale, max_seqlen_q, window=None)`` and ``paged_decode_attention(q,
-    k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, max_seqlen_k,
-    num_splits=None, window=None)``; ``window``: a sliding-window layer's W (the query at q sees
-    the keys at q - W < k <= q), None: full attention.
+    scale, k_scale, v_scale, max_seqlen_q, window=None, softcap=None)`` and
+    ``paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale,
+    v_scale, max_seqlen_k, num_splits=None, window=None, softcap=None)``; ``window``: a
+    sliding-window layer's W (the query at q sees the keys at q - W < k <= q), None: full
+    attention; ``softcap`` C: each scaled score s becomes tanh(s / C) * C (Gemma 2), None: none.
     """
 
     name: str  # "cpu" | "torch" | "triton"
@@ -90,13 +91,13 @@ def _cpu_store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_sca
 
 def _cpu_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                                 k_scale, v_scale, max_seqlen_k, num_splits=None,
-                                window=None) -> torch.Tensor:
+                                window=None, softcap=None) -> torch.Tensor:
     out = cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                               max_seqlen_k, window)
+                               max_seqlen_k, window, softcap)
     if out is None:
         out = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
                                                scale, k_scale, v_scale, max_seqlen_k, num_splits,
-                                               window)
+                                               window, softcap)
     return out
 
 
@@ -123,9 +124,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                             k_scale=1.0, v_scale=1.0, impl=None, max_seqlen_q=None,
-                            window=None) -> torch.Tensor:
+                            window=None, softcap=None) -> torch.Tensor:
     """Causal attention of packed new tokens over the paged KV (cached prefix plus themselves),
-    within a sliding ``window`` when one is given.
+    within a sliding ``window`` when one is given, scores soft-capped by ``softcap``.
 
     ``max_seqlen_q`` (the longest query length) is read from ``cu_seqlens_q`` when not given.
     """
@@ -133,12 +134,12 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
         max_seqlen_q = max((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist(), default=0)
     return kernel_backend(impl, q.device).paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale,
-        max_seqlen_q, window=window)
+        max_seqlen_q, window=window, softcap=softcap)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                            k_scale=1.0, v_scale=1.0, num_splits=None, impl=None,
-                           max_seqlen_k=None, window=None) -> torch.Tensor:
+                           max_seqlen_k=None, window=None, softcap=None) -> torch.Tensor:
     """One query per sequence at position ``context_lens[b] - 1`` over the paged KV.
 
     ``max_seqlen_k`` (the longest context) is read from ``context_lens`` when not given.
@@ -147,7 +148,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         max_seqlen_k = max(context_lens.tolist(), default=0)
     return kernel_backend(impl, q.device).paged_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale, max_seqlen_k,
-        num_splits, window=window)
+        num_splits, window=window, softcap=softcap)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs) -> None:

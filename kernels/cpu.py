@@ -117,7 +117,8 @@ _SIGNATURES = {
     "kv_rope_f32": [_P, _I, _I, _I, _P, _P],
     "kv_silu_mul_f32": [_P, _P, _P, _I],
     "kv_store_f32": [_P, _P, _P, _P, _P, _I, _I, _I],
-    "kv_decode_attention_f32": [_P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _N],
+    "kv_decode_attention_f32": [_P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _F,
+                                _N],
     "kv_decode_layers_f32": [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I,
                              _P, _I, _I, _P, _N],
 }
@@ -210,10 +211,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> bool:
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                     max_seqlen_k, window=None) -> torch.Tensor | None:
+                     max_seqlen_k, window=None, softcap=None) -> torch.Tensor | None:
     """The reference ``paged_decode_attention`` for float32 caches without scales, reading the
-    pool in place (within a sliding ``window``, only the blocks it covers); None when not
-    applicable."""
+    pool in place (within a sliding ``window``, only the blocks it covers; scores soft-capped
+    by ``softcap``); None when not applicable."""
     if (not _f32(q, k_cache, v_cache) or q.dim() != 3 or k_cache.dim() != 4
             or block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32
             or not block_tables.is_contiguous() or not context_lens.is_contiguous()
@@ -229,7 +230,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
     status = lib.kv_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0) if batch else 0, context_lens.data_ptr(), out.data_ptr(), batch,
-        heads, kv_heads, d, block_size, k_cache.shape[0], window or 0, scale,
+        heads, kv_heads, d, block_size, k_cache.shape[0], window or 0, scale, softcap or 0.0,
         torch.get_num_threads())
     _check(status, "decode attention: no memory for the score rows")
     return out
@@ -250,14 +251,16 @@ MASK_ENTRIES = 1 << 24
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                      k_scale=1.0, v_scale=1.0, max_seqlen_q=None, window=None) -> torch.Tensor:
+                      k_scale=1.0, v_scale=1.0, max_seqlen_q=None, window=None,
+                      softcap=None) -> torch.Tensor:
     """The reference ``paged_prefill_attention`` with torch's fused attention
     (``scaled_dot_product_attention``, its CPU flash kernel) in place of explicit score and
     softmax tensors: 4x faster from a few hundred tokens on (SmolLM2's shapes, one thread), and
     without a prefix the causal mask lets it skip the upper triangle. Any cache dtype (fp8 read
     back through its scale); computed in float32 like the reference. ``max_seqlen_q`` is
     unused (the lengths are walked on the host anyway). ``window``: a sliding-window layer's W
-    (keys before a chunk's window are not read)."""
+    (keys before a chunk's window are not read). ``softcap``: explicit scores
+    (``reference.attention``)."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for b, ctx in enumerate(context_lens.tolist()):
@@ -268,7 +271,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         k = reference.gather_kv(k_cache, block_tables[b], ctx, k_scale).transpose(0, 1)[None]
         v = reference.gather_kv(v_cache, block_tables[b], ctx, v_scale).transpose(0, 1)[None]
         past = ctx - q_len  # keys before the first new token (a prefix-cache hit, or chunks)
-        causal_only = past == 0 and (window is None or window >= q_len)
+        causal_only = past == 0 and (window is None or window >= q_len) and not softcap
         # Query rows per call: the boolean mask of a prefix hit stays under MASK_ENTRIES.
         rows = q_len if causal_only else max(1, MASK_ENTRIES // ctx)
         for i in range(0, q_len, rows):
@@ -285,8 +288,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
                 mask = keys <= pos
                 if window is not None:
                     mask &= keys > pos - window
-                o = F.scaled_dot_product_attention(qs, k[:, :, lo:n], v[:, :, lo:n],
-                                                   attn_mask=mask, scale=scale, enable_gqa=True)
+                o = reference.attention(qs, k[:, :, lo:n], v[:, :, lo:n], mask, scale, softcap)
             out[start + i:start + j] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
@@ -443,7 +445,6 @@ def packed_bytes(module: torch.nn.Module) -> int:
         if (cached := m.__dict__.get(_PACK_ATTR)) is not None:
             total += cached[1].numel() * cached[1].element_size()
     return total
-
 
 
 HUGE_PAGE = 2 << 20

@@ -272,12 +272,12 @@ static void weighted_rows(const float *w, int64_t lo, int64_t n, const float *v_
  * context needs a block id outside [0, num_blocks) or more blocks than the table has, -1 when
  * out of memory for the score rows. window > 0: a sliding-window layer, the query (at position
  * n - 1) sees the last `window` positions only, and blocks before them are not read (they may
- * be any id). */
+ * be any id). softcap > 0: each scaled score s becomes tanh(s / softcap) * softcap (Gemma 2). */
 int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                             const int32_t *block_tables, int64_t table_stride,
                             const int32_t *context_lens, float *out, int64_t B, int64_t H,
                             int64_t Hkv, int64_t D, int64_t BS, int64_t num_blocks,
-                            int64_t window, float scale, int num_threads) {
+                            int64_t window, float scale, float softcap, int num_threads) {
     const int64_t group = H / Hkv, tasks = B * Hkv;
     int64_t max_ctx = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -307,7 +307,10 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
         const float *qg = q + (b * H + g * group) * D;
         EACH_POSITION(t, slot, lo, n, table, BS) {
             const float *k = k_cache + (slot * Hkv + g) * D;
-            for (int64_t j = 0; j < group; j++) p[j * n + t] = dot(qg + j * D, k, D) * scale;
+            for (int64_t j = 0; j < group; j++) {
+                const float s = dot(qg + j * D, k, D) * scale;
+                p[j * n + t] = softcap > 0 ? tanhf(s / softcap) * softcap : s;
+            }
         }
         for (int64_t j = 0; j < group; j++) {
             float *pj = p + j * n, mx = -INFINITY, sum = 0.0f;
@@ -382,7 +385,7 @@ int kv_decode_layers_f32(const kv_layer_f32 *layers, int64_t n_layers, float *kv
         }
         status = kv_decode_attention_f32(q, k_cache, v_cache, block_tables, table_stride,
                                          context_lens, o, B, H, Hkv, D, BS, num_blocks,
-                                         windows ? windows[l] : 0, scale, num_threads);
+                                         windows ? windows[l] : 0, scale, 0.0f, num_threads);
         if (status != 0) break;
         kv_linear_f32(o, qw, L->wo, L->bo, y, B, qw, hidden, num_threads);
         add_rows(x, y, B * hidden);

@@ -3,7 +3,9 @@
 Cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Position ``p`` of a sequence
 lives in slot ``block_table[p // block_size] * block_size + p % block_size``. ``window`` W (a
 sliding-window layer; None: full attention): the query at position q sees the keys at
-q - W < k <= q, as transformers' sliding-window mask. For an fp8 cache the
+q - W < k <= q, as transformers' sliding-window mask. ``softcap`` C (Gemma 2's attention logit
+soft-capping; None: none): each scaled score s becomes ``tanh(s / C) * C`` before the mask and
+softmax. For an fp8 cache the
 stored value is ``x / scale`` (saturated to the e4m3 range) and the read value ``stored * scale``.
 """
 
@@ -61,7 +63,7 @@ def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
     return dequantize(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], scale)
 
 
-def _attend(q, k, v, q_pos, k_pos, scale, window=None) -> torch.Tensor:
+def _attend(q, k, v, q_pos, k_pos, scale, window=None, softcap=None) -> torch.Tensor:
     """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions (and within the
     window). Returns [M, H, D]."""
     m, num_heads, head_dim = q.shape
@@ -71,6 +73,8 @@ def _attend(q, k, v, q_pos, k_pos, scale, window=None) -> torch.Tensor:
     qg = q.reshape(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * m, head_dim)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
+    if softcap:
+        scores.div_(softcap).tanh_().mul_(softcap)
     hidden = k_pos[None, :] > q_pos[:, None]
     if window is not None:
         hidden |= k_pos[None, :] <= q_pos[:, None] - window
@@ -82,7 +86,7 @@ def _attend(q, k, v, q_pos, k_pos, scale, window=None) -> torch.Tensor:
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                             k_scale=1.0, v_scale=1.0, max_seqlen_q=None,
-                            window=None) -> torch.Tensor:
+                            window=None, softcap=None) -> torch.Tensor:
     """``max_seqlen_q`` is unused: this CPU kernel walks the lengths on the host anyway."""
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
@@ -103,14 +107,14 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
             # Keys past the chunk's last query are fully masked: skip them.
             n = ctx - q_len + j
             o = _attend(q[start + i:start + j].float(), k[:n], v[:n], q_pos, k_pos[:n], scale,
-                        window)
+                        window, softcap)
             out[start + i:start + j] = o.to(q.dtype)
     return out
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                            k_scale, v_scale, max_seqlen_k, num_splits=None,
-                           window=None) -> torch.Tensor:
+                           window=None, softcap=None) -> torch.Tensor:
     """Vectorised over the batch: gathers every sequence to the longest context
     (``max_seqlen_k``, from the host) and masks. ``num_splits`` is the triton kernel's: unused.
 
@@ -132,7 +136,19 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     mask = keys < lens[:, None]
     if window is not None:  # the query is at position len - 1
         mask &= keys >= (lens - window)[:, None]
-    out = F.scaled_dot_product_attention(q.float().unsqueeze(2), k, v,
-                                         attn_mask=mask[:, None, None, :], scale=scale,
-                                         enable_gqa=num_heads != num_kv_heads)
+    out = attention(q.float().unsqueeze(2), k, v, mask[:, None, None, :], scale, softcap)
     return out.squeeze(2).to(q.dtype)
+
+
+def attention(q, k, v, mask, scale, softcap=None) -> torch.Tensor:
+    """torch's fused attention of q ``[B, H, M, D]`` over k/v ``[B, Hkv, N, D]`` (GQA without
+    repeated heads) with a boolean ``mask`` (True: seen) broadcast to ``[B, H, M, N]``; with a
+    ``softcap``, explicit scores instead (the fused kernel has no soft-capping)."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)).mul_(scale).div_(softcap).tanh_().mul_(softcap)
+    scores.masked_fill_(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

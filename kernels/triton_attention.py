@@ -4,7 +4,8 @@ Both kernels gather K/V token by token through the block table (``slot = table[p
 p % bs``) in tiles of BLOCK_N positions, so any page size works, including ones below the
 16-wide minimum of ``tl.dot``. Scores, softmax and accumulators are float32. ``window`` > 0 (a
 sliding-window layer): the query at q sees the keys at q - window < k <= q, and the tiles and
-blocks wholly before a query tile's window are not read.
+blocks wholly before a query tile's window are not read. ``SOFTCAP`` > 0 (Gemma 2's attention
+logit soft-capping, a compile-time constant): each scaled score s becomes tanh(s / C) * C.
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ def _load_kv_tile(cache_ptr, table_row_ptr, offs_n, n_mask, dims, d_mask, kv_hea
 @triton.jit
 def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, n_mask, visible,
                  dims, d_mask, kv_head, qk_scale, stride_cb, stride_cs, stride_ch,
-                 PAGE: tl.constexpr, PRECISION: tl.constexpr):
+                 PAGE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     """One key/value tile into the running softmax (m_i, l_i, acc) of the query rows `q`;
     `visible` masks the scores (rows x keys)."""
     k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
                       stride_cb, stride_cs, stride_ch, PAGE)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+    if SOFTCAP > 0:  # tanh from exp (no tl.tanh): sign(x) (1 - e^-2|x|) / (1 + e^-2|x|)
+        e = tl.exp(-2.0 * tl.abs(s / SOFTCAP))
+        s = tl.where(s < 0, -SOFTCAP, SOFTCAP) * (1.0 - e) / (1.0 + e)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row that has seen no visible key yet (a sliding window starting past this tile) keeps
@@ -71,6 +75,7 @@ def _prefill_kernel(
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -106,7 +111,7 @@ def _prefill_kernel(
                    & ((window == 0) | (offs_n[None, :] > q_pos[:, None] - window)))
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
                                      offs_n, n_mask, visible, dims, d_mask, kv_head, qk_scale,
-                                     stride_cb, stride_cs, stride_ch, PAGE, PRECISION)
+                                     stride_cb, stride_cs, stride_ch, PAGE, PRECISION, SOFTCAP)
 
     out = acc * (v_scale / l_i)[:, None]
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + dims[None, :],
@@ -128,6 +133,7 @@ def _decode_split_kernel(
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     # One program: all query heads sharing one KV head, over one partition of the context.
     # Grouping lets K/V be loaded once per group and fills tl.dot's 16 rows (padded heads unused).
@@ -157,7 +163,8 @@ def _decode_split_kernel(
         n_mask = offs_n < end
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
                                      offs_n, n_mask, n_mask[None, :], dims, d_mask, kv_head,
-                                     qk_scale, stride_cb, stride_cs, stride_ch, PAGE, PRECISION)
+                                     qk_scale, stride_cb, stride_cs, stride_ch, PAGE, PRECISION,
+                                     SOFTCAP)
 
     # An empty partition stores m = -inf, l = 0, acc = 0: weight zero in the reduction.
     part = (seq * NUM_HEADS + heads) * num_splits + split
@@ -212,7 +219,8 @@ def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float,
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                            k_scale, v_scale, max_seqlen_q: int, window=None) -> torch.Tensor:
+                            k_scale, v_scale, max_seqlen_q: int, window=None,
+                            softcap=None) -> torch.Tensor:
     """``max_seqlen_q``: the longest query length, a host int (sizes the grid)."""
     q = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     out = torch.empty_like(q)
@@ -229,6 +237,7 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=num_heads // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_D=_head_block(head_dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=BLOCK_N, **_dot_options(q),
+        SOFTCAP=float(softcap or 0.0),
     )
     return out
 
@@ -242,7 +251,7 @@ def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                            k_scale, v_scale, max_seqlen_k: int, num_splits=None,
-                           window=None) -> torch.Tensor:
+                           window=None, softcap=None) -> torch.Tensor:
     """``max_seqlen_k``: the longest context, a host int (sizes the split-K partitions)."""
     q = _check(q, k_cache, v_cache, block_tables, context_lens)
     batch, num_heads, head_dim = q.shape
@@ -267,7 +276,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        num_warps=DECODE_NUM_WARPS, **_dot_options(q),
+        num_warps=DECODE_NUM_WARPS, SOFTCAP=float(softcap or 0.0), **_dot_options(q),
     )
     _decode_reduce_kernel[(batch, num_heads)](
         part_m, part_l, part_acc, out, v_scale, num_splits, out.stride(0), out.stride(1),

@@ -4,8 +4,12 @@ use, whether llama.cpp's converter permuted the q/k rows, and the quirk flags th
 reads from `ModelConfig`. Torch-free: the window parses config.json files with it.
 
 A quirk flag is True, False, or the config.json key whose value sets it. `sliding_window` is
-"always" (the config's `sliding_window` is used when present) or "use_sliding_window" (only when
-that flag is set), or None.
+"always" (the config's `sliding_window` is used when present, on every layer),
+"use_sliding_window" (only when that flag is set), "per_layer" (used when present, on the layers
+`layer_types` or the family's pattern names: `layer_windows.sliding_layers`), or None. `gemma`:
+Gemma 2/3's quirks (`ModelConfig`'s Gemma fields: scaled embeddings, (1 + w) norms around each
+sublayer, GeGLU, query_pre_attn_scalar, soft-capping). `local_rope`: the sliding layers have a
+rope of their own (Gemma 3: `rope_parameters` per layer type, or `rope_local_base_freq`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class Architecture:
     mlp_bias: bool | str = False
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary
     sliding_window: str | None = None
+    gemma: bool = False
+    local_rope: bool = False
 
     def flag(self, name: str, cfg: dict[str, Any]) -> bool:
         value = getattr(self, name)
@@ -40,6 +46,11 @@ ARCHITECTURES = (
                  sliding_window="use_sliding_window"),
     Architecture("Qwen3ForCausalLM", "qwen3", qkv_bias="attention_bias", o_bias="attention_bias",
                  qk_norm=True, sliding_window="use_sliding_window"),
+    Architecture("Gemma2ForCausalLM", "gemma2", qkv_bias="attention_bias",
+                 o_bias="attention_bias", sliding_window="per_layer", gemma=True),
+    Architecture("Gemma3ForCausalLM", "gemma3", qkv_bias="attention_bias",
+                 o_bias="attention_bias", qk_norm=True, sliding_window="per_layer", gemma=True,
+                 local_rope=True),
 )
 
 

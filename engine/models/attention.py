@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.kernels import KernelBackend
+from kvscope.kernels import KernelBackend, reference
 
 
 @dataclass
@@ -45,7 +45,8 @@ class AttentionContext:
 
 class Attention(nn.Module):
     def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 window: int | None = None):
+                 window: int | None = None, scale: float | None = None,
+                 softcap: float | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.cache_index = layer_idx  # this layer's slice of the KV tensor
@@ -54,7 +55,8 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.softcap = softcap  # scores -> tanh(s / C) * C before the mask (Gemma 2); None: none
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: AttentionContext) -> torch.Tensor:
@@ -75,22 +77,25 @@ class Attention(nn.Module):
         if ctx.is_decode:
             return kernels.paged_decode_attention(
                 q, k_cache, v_cache, tables, ctx.context_lens, self.scale,
-                k_scale, v_scale, ctx.max_seqlen_k, window=self.window)
+                k_scale, v_scale, ctx.max_seqlen_k, window=self.window, softcap=self.softcap)
         return kernels.paged_prefill_attention(
             q, k_cache, v_cache, tables, ctx.cu_seqlens_q, ctx.context_lens,
-            self.scale, k_scale, v_scale, ctx.max_seqlen_q, window=self.window)
+            self.scale, k_scale, v_scale, ctx.max_seqlen_q, window=self.window,
+            softcap=self.softcap)
 
     def _naive(self, q, k, v, seq_lens: list[int]) -> torch.Tensor:
         outs = []
         for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens),
                               strict=True):
             n = qs.shape[0]
-            if self.window is not None and self.window < n:
+            if self.softcap or (self.window is not None and self.window < n):
                 pos = torch.arange(n, device=qs.device)
-                mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - self.window)
-                o = F.scaled_dot_product_attention(
-                    qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
-                    attn_mask=mask, scale=self.scale, enable_gqa=True)
+                mask = pos[None, :] <= pos[:, None]
+                if self.window is not None:
+                    mask &= pos[None, :] > pos[:, None] - self.window
+                o = reference.attention(qs.transpose(0, 1)[None], ks.transpose(0, 1)[None],
+                                        vs.transpose(0, 1)[None], mask, self.scale,
+                                        self.softcap)[0]
             else:
                 o = F.scaled_dot_product_attention(
                     qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),

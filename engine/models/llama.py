@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over packed tokens.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3) over packed tokens.
 
 Tokens of all sequences in a step are packed into one ``[T]`` batch (no padding); attention is
 the only place sequences are told apart (see ``AttentionContext``). Module and parameter names
@@ -53,12 +53,21 @@ class Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """Llama's norm; with ``offset`` Gemma's: ``x_normed * (1 + w)``, all in float32."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            w = 1.0 + self.weight.float()
+            if _decode_sized(x) and (out := cpu.rms_norm(x, w, self.eps)) is not None:
+                return out
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * w).to(x.dtype)
         # Normalise in float32, cast back before the weight (as HF does).
         if _decode_sized(x) and (out := cpu.rms_norm(x, self.weight, self.eps)) is not None:
             return out
@@ -79,11 +88,14 @@ class LlamaAttention(nn.Module):
         self.v_proj = Linear(cfg.hidden_size, kvh * d, bias=cfg.qkv_bias)
         self.o_proj = Linear(h * d, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.norm_offset)
         else:
             self.q_norm = self.k_norm = None
-        self.attn = Attention(layer_idx, h, kvh, d, cfg.layer_windows[layer_idx])
+        scalar = cfg.query_pre_attn_scalar
+        self.attn = Attention(layer_idx, h, kvh, d, cfg.layer_windows[layer_idx],
+                              scale=None if scalar is None else scalar ** -0.5,
+                              softcap=cfg.attn_softcap)
 
     def forward(self, x, cos, sin, ctx: AttentionContext) -> torch.Tensor:
         t = x.shape[0]
@@ -105,25 +117,43 @@ class LlamaMLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.geglu = cfg.hidden_act == "gelu_pytorch_tanh"  # Gemma; else SiLU (SwiGLU)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj.forward(x), self.up_proj.forward(x)
-        if not _decode_sized(x) or (h := cpu.silu_mul(gate, up)) is None:
+        if self.geglu:
+            h = F.gelu(gate, approximate="tanh") * up
+        elif not _decode_sized(x) or (h := cpu.silu_mul(gate, up)) is None:
             h = F.silu(gate) * up
         return self.down_proj.forward(h)
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Llama's layer; with ``sandwich_norms`` Gemma's, whose post_attention_layernorm normalises
+    the attention output (not the MLP input) and whose MLP has a norm before and after."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_idx)
         self.mlp = LlamaMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.local_rope = layer_idx in cfg.local_rope_layers
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)  # noqa: E731
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
+        else:
+            self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
 
     def forward(self, x, cos, sin, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, ctx)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        a = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, ctx)
+        if self.pre_feedforward_layernorm is None:
+            x = x + a
+            return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        x = x + self.post_attention_layernorm.forward(a)
+        h = self.mlp.forward(self.pre_feedforward_layernorm.forward(x))
+        return x + self.post_feedforward_layernorm.forward(h)
 
 
 class LlamaModel(nn.Module):
@@ -131,7 +161,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -142,8 +172,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # A plain attribute, not a buffer: not in the state dict, and survives meta-device init.
+        # Plain attributes, not buffers: not in the state dict, and survive meta-device init.
         self.inv_freq = rope_inv_freq(cfg)
+        self.local_inv_freq = rope_inv_freq(cfg, local=True) if cfg.local_rope_layers else None
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -155,20 +186,27 @@ class LlamaForCausalLM(nn.Module):
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         x = self.model.embed_tokens(input_ids)
+        if self.config.scaled_embeddings:  # sqrt(hidden) in float32, then in x's dtype (HF's)
+            x = x * torch.tensor(self.config.hidden_size ** 0.5).to(x.dtype)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         if not self._decode_in_c(x, cos, sin, ctx):
+            local = cos, sin
+            if self.local_inv_freq is not None:
+                self.local_inv_freq = self.local_inv_freq.to(positions.device)
+                local = rope_cos_sin(self.local_inv_freq, positions, x.dtype)
             for layer in self.model.layers:
-                x = layer.forward(x, cos, sin, ctx)
+                x = layer.forward(x, *(local if layer.local_rope else (cos, sin)), ctx)
         return self.model.norm(x)
 
     def _decode_in_c(self, x, cos, sin, ctx: AttentionContext) -> bool:
         """A float32 CPU decode step with the "cpu" kernels: every layer in one C call
         (``cpu.DecoderWeights``), the same kernels in the same order as the layers' own
         forwards (their products too, up to ``cpu.LINEAR_MAX_ROWS`` rows), without their ~400
-        Python-level calls. False (nothing done) otherwise."""
-        if (x.dtype != torch.float32 or not _decode_sized(x) or not ctx.is_decode
-                or ctx.kv_cache is None or ctx.kv_amax is not None or ctx.kernels is None
-                or ctx.kernels.name != "cpu" or ctx.more_groups):
+        Python-level calls. False (nothing done) otherwise, and for Gemma's layers
+        (``ModelConfig.plain_layers``: the C step has none of their quirks)."""
+        if (not self.config.plain_layers or x.dtype != torch.float32 or not _decode_sized(x)
+                or not ctx.is_decode or ctx.kv_cache is None or ctx.kv_amax is not None
+                or ctx.kernels is None or ctx.kernels.name != "cpu" or ctx.more_groups):
             return False
         weights = self.__dict__.get("_c_weights")
         if weights is None or not weights.current():
@@ -199,4 +237,7 @@ class LlamaForCausalLM(nn.Module):
         return weights
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if (cap := self.config.final_softcap) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

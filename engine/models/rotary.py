@@ -9,18 +9,22 @@ import torch
 from kvscope.engine.models.config import ModelConfig
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """float32 ``[head_dim // 2]`` inverse frequencies, including "linear"/"llama3" scaling.
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """float32 ``[head_dim // 2]`` inverse frequencies, including "linear"/"llama3" scaling;
+    ``local``: the sliding layers' own rope (``cfg.local_rope_theta``, Gemma 3).
 
     Always built on the CPU (explicit device, so it also works under a meta-device context).
     """
     dim = cfg.head_dim
+    theta, scaling = ((cfg.local_rope_theta, cfg.local_rope_scaling) if local
+                      else (cfg.rope_theta, cfg.rope_scaling))
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
-    inv_freq = 1.0 / (cfg.rope_theta ** exponents)
-    scaling = cfg.rope_scaling or {}
-    if cfg.rope_type == "linear":
+    inv_freq = 1.0 / (theta ** exponents)
+    scaling = scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
-    elif cfg.rope_type == "llama3":
+    elif rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, scaling)
     return inv_freq
 

@@ -1,6 +1,7 @@
 """The engine on sliding-window models (contexts several times the window): greedy tokens equal
 transformers' with the cache on and off, with a prefix hit, chunked prefill and preemption; a
-hybrid model (Qwen2, full and windowed layers) as well as an all-windowed one (Mistral).
+hybrid model (Qwen2, full and windowed layers) as well as an all-windowed one (Mistral), and
+Gemma 2 (alternating layers, soft-capped) and Gemma 3 (local layers with their own rope).
 
 The windowed layers form their own KV-cache group, whose blocks are released as they leave the
 window (tests/engine/test_kv_groups.py has the rules); so a pool that preempts a full-attention
@@ -26,7 +27,8 @@ PREEMPTING_POOL = {"mistral_window": 14}  # blocks (default 26): small enough to
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["mistral_window", "qwen2_window_layers"])
+@pytest.fixture(scope="module", params=["mistral_window", "qwen2_window_layers", "gemma2_window",
+                                        "gemma3_pattern"])
 def windowed(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     return folder, build_tiny_model(request.param, folder)

@@ -56,6 +56,12 @@ BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *w
                              "max_window_layers must be an integer >= 0, got -1"),
     "sliding_window 0": ({**QWEN2_WINDOW, "sliding_window": 0},
                          "sliding_window must be an integer >= 1, got 0"),
+    "gemma activation relu": ({"architectures": ["Gemma2ForCausalLM"], "hidden_act": "silu",
+                               "hidden_activation": "relu"},
+                              "unsupported hidden_activation 'relu' for Gemma",
+                              "only 'gelu_pytorch_tanh'"),
+    "gemma softcap 0": ({"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 0},
+                        "attn_logit_softcapping must be a number > 0, got 0"),
 }
 
 

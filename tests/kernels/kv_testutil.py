@@ -48,9 +48,10 @@ def build_paged(lengths, num_kv_heads, head_dim, block_size, dtype, *, k_scale=1
     return k_cache, v_cache, tables, dense
 
 
-def dense_causal_attention(q, k, v, scale, window=None):
+def dense_causal_attention(q, k, v, scale, window=None, softcap=None):
     """q [M, H, D] at the last M positions of k/v [N, Hkv, D]; float32 SDPA on unpaged tensors;
-    `window` W: each query also sees only the W newest keys up to its own position."""
+    `window` W: each query also sees only the W newest keys up to its own position; `softcap` C:
+    the scores soft-capped as transformers' Gemma 2 does (tanh(s / C) * C before the mask)."""
     m, n = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
@@ -59,7 +60,10 @@ def dense_causal_attention(q, k, v, scale, window=None):
     allowed = torch.arange(n)[None, :] <= q_pos
     if window is not None:
         allowed &= torch.arange(n)[None, :] > q_pos - window
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=allowed, scale=scale)
+    q, k, v = q.float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if softcap is not None:
+        scores = torch.tanh(q @ k.transpose(1, 2) * scale / softcap) * softcap
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        return (probs @ v).transpose(0, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     return out.transpose(0, 1)

@@ -2,7 +2,8 @@
 
 Matrices are stored in the requested quant type: quantized by ``gguf`` where it can, otherwise
 (the K-quants, which gguf-py only dequantizes) as random blocks with sane float16 scales.
-Llama q/k rows are permuted the way ``convert_hf_to_gguf.py``'s ``LlamaModel.permute`` does.
+Llama q/k rows are permuted the way ``convert_hf_to_gguf.py``'s ``LlamaModel.permute`` does;
+Gemma norms are stored plus one, with its soft-capping and window keys, as its Gemma models do.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def write_llama_gguf(path, cfg: dict, hf_tensors: dict[str, np.ndarray], qtype: 
     """Write a Llama-family GGUF file; return each tensor's raw data by GGUF name (as written).
 
     ``cfg`` holds HF config fields; ``hf_tensors`` HF-named float32 arrays. Vectors stay F32
-    (as llama.cpp stores norms); matrices are stored as ``qtype``. ``arch``: llama, qwen2, qwen3
-    (only llama's q/k rows are permuted, as the converter does).
+    (as llama.cpp stores norms); matrices are stored as ``qtype``. ``arch``: llama, qwen2, qwen3,
+    gemma2, gemma3 (only llama's q/k rows are permuted, as the converter does). ``cfg``'s
+    ``rope_scaling`` {"rope_type": "linear", "factor": f} is written as the file's scaling.
     """
     rng = np.random.default_rng(seed)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -65,6 +67,16 @@ def write_llama_gguf(path, cfg: dict, hf_tensors: dict[str, np.ndarray], qtype: 
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
+    if (cfg.get("rope_scaling") or {}).get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+    gemma = arch.startswith("gemma")
+    if gemma and cfg.get("sliding_window"):
+        writer.add_sliding_window(cfg["sliding_window"])
+    if gemma and cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if gemma and cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     written = {}
     for hf_name, w in hf_tensors.items():
         base, suffix = hf_name.rsplit(".", 1)
@@ -73,6 +85,8 @@ def write_llama_gguf(path, cfg: dict, hf_tensors: dict[str, np.ndarray], qtype: 
             w = llama_cpp_permute(w, heads)
         elif arch == "llama" and base.endswith("k_proj"):
             w = llama_cpp_permute(w, kv_heads)
+        elif gemma and base.endswith("norm"):  # convert_hf_to_gguf.py's Gemma norm_shift
+            w = w + 1
         raw = encode(w, qtype, rng) if w.ndim == 2 else w.astype(np.float32)
         tensor_type = qtype if w.ndim == 2 else Q.F32
         if tensor_type in (Q.F32, Q.F16):

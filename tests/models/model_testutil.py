@@ -54,26 +54,43 @@ MODEL_SPECS = {
     "qwen3_layer_types": (transformers.Qwen3Config, dict(
         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
         layer_types=["sliding_attention", "full_attention"])),
+    # Gemma 2: windowed even layers, soft-capped attention and logits (caps small enough to bend
+    # these scores), query_pre_attn_scalar != head_dim. Gemma 3: q/k norms, two local layers
+    # then a global one (sliding_window_pattern 3), each kind its own rope (linear on global).
+    "gemma2_window": (transformers.Gemma2Config, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        query_pre_attn_scalar=24, attn_logit_softcapping=1.0, final_logit_softcapping=2.0)),
+    "gemma3_pattern": (transformers.Gemma3TextConfig, dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+        sliding_window=7, sliding_window_pattern=3, query_pre_attn_scalar=20,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 100000.0}})),
 }
-WINDOWED = ["mistral_window", "qwen2_window_layers", "qwen3_layer_types"]
+WINDOWED = ["mistral_window", "qwen2_window_layers", "qwen3_layer_types", "gemma2_window",
+            "gemma3_pattern"]
+GEMMA = ["gemma2_window", "gemma3_pattern"]
 ARCH_OF = {
     transformers.LlamaConfig: transformers.LlamaForCausalLM,
     transformers.MistralConfig: transformers.MistralForCausalLM,
     transformers.Qwen2Config: transformers.Qwen2ForCausalLM,
     transformers.Qwen3Config: transformers.Qwen3ForCausalLM,
+    transformers.Gemma2Config: transformers.Gemma2ForCausalLM,
+    transformers.Gemma3TextConfig: transformers.Gemma3ForCausalLM,
 }
 
 
-def build_tiny_model(spec: str, folder, seed: int = 0, dtype=torch.float32):
-    """Build, randomise (biases and norm weights too) and save one tiny model; return it."""
+def build_tiny_model(spec: str, folder, seed: int = 0, dtype=torch.float32, **changes):
+    """Build, randomise (biases and norm weights too) and save one tiny model; return it.
+    ``changes``: config fields over the spec's."""
     config_cls, overrides = MODEL_SPECS[spec]
     model_cls = ARCH_OF[config_cls]
-    config = config_cls(**{**_BASE, **overrides}, architectures=[model_cls.__name__])
+    config = config_cls(**{**_BASE, **overrides, **changes}, architectures=[model_cls.__name__])
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():
         for p in model.parameters():
-            if p.ndim == 1:  # HF initialises biases to 0 and norms to 1: make them matter
+            if p.ndim == 1:  # HF initialises biases to 0, norms to 1 (Gemma's 0): make them matter
                 p.add_(torch.randn_like(p) * 0.2)
     model.to(dtype).save_pretrained(folder, safe_serialization=True)
     return model

@@ -93,6 +93,38 @@ def test_qwen_files_load_unpermuted_with_biases_and_qk_norms(spec, arch, tmp_pat
         np.testing.assert_array_equal(state[name].numpy(), w, err_msg=name)
 
 
+@pytest.mark.parametrize("spec,arch", [("gemma2_window", "gemma2"), ("gemma3_pattern", "gemma3")])
+def test_gemma_files_give_the_source_models_logits(spec, arch, tmp_path):
+    """A Gemma file as llama.cpp's converter writes it (norms plus one; window, soft-caps and the
+    global rope in the metadata) runs as llama.cpp runs it: attention scale 1 / sqrt(head_dim),
+    Gemma 3's local rope base 10000 and every 6th layer global. The source model here has those
+    values, so its transformers logits are the reference."""
+    changes = {"query_pre_attn_scalar": MODEL_SPECS[spec][1]["head_dim"]}
+    if arch == "gemma3":
+        changes |= {"num_hidden_layers": 6, "sliding_window_pattern": 6}
+    hf = build_tiny_model(spec, tmp_path / "hf", **changes)
+    cfg = hf.config.to_dict()
+    rope = cfg["rope_parameters"].get("full_attention", cfg["rope_parameters"])
+    cfg |= {"rope_theta": rope["rope_theta"], "rope_scaling": rope}
+    tensors = {k: v.numpy() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    write_llama_gguf(tmp_path / "g.gguf", cfg, tensors, Q.F32, arch=arch)
+    loaded, ref = load_model(tmp_path / "g.gguf"), load_model(tmp_path / "hf")
+    fields = ("architecture", "layer_windows", "local_rope_layers", "query_pre_attn_scalar",
+              "attn_softcap", "final_softcap", "rope_theta", "rope_scaling", "local_rope_theta",
+              "tie_word_embeddings", "hidden_act", "qk_norm")
+    assert [getattr(loaded.config, f) for f in fields] == [getattr(ref.config, f) for f in fields]
+    assert any(loaded.config.layer_windows) and None in loaded.config.layer_windows
+
+    prompt, steps, block_size = random_prompt(21, seed=1), 12, 4
+    ref_tokens, ref_logits = hf_greedy(hf, prompt, steps)
+    runner = ModelRunner(loaded, num_blocks=32, block_size=block_size)
+    seq = PagedSeq(prompt, BlockAllocator(32, seed=7), block_size)
+    tokens, logits = greedy_decode(runner, [seq], runner.run([seq.chunk()]), steps)
+    assert tokens[0] == ref_tokens
+    for step, (ours, want) in enumerate(zip(logits, ref_logits, strict=True)):
+        assert (ours[0] - want).abs().max().item() <= LOGIT_ATOL, f"step {step}"
+
+
 def test_fingerprint_follows_the_quant_type_not_the_path(tmp_path):
     tensors = random_llama_tensors(CFG)
     for name, qtype in (("a.gguf", Q.Q8_0), ("b.gguf", Q.Q8_0), ("c.gguf", Q.Q4_0)):

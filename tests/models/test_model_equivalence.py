@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from model_testutil import (
+    GEMMA,
     LOGIT_ATOL,
     MODEL_SPECS,
     WINDOWED,
@@ -68,7 +69,7 @@ def test_naive_batch_matches_transformers(spec, tiny_model_dir):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="triton on the CPU needs TRITON_INTERPRET=1 (tests/conftest.py)")
 @pytest.mark.parametrize("spec", ["llama3_rope_gqa_tied", "qwen3_headdim", "mistral_window",
-                                  "qwen2_window_layers"])
+                                  "qwen2_window_layers", *GEMMA])
 def test_triton_kernels_match_transformers(spec, tiny_model_dir):
     """The same forward through the triton kernels (interpreted on the CPU): chunked prefill,
     a batched step mixing prefill and decode, then batched decode."""
