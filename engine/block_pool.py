@@ -141,6 +141,9 @@ class BlockPool:
         cached ones are released in that order, so every policy rebuilds the same order (fifo:
         by the recorded registration order; lfu: hits, then that order)."""
         pool = cls(snap.num_blocks, eviction_policy=eviction_policy)
+        group = snap.block_group.astype(np.int64)  # (files from before groups: none, all 0)
+        if len(group) != snap.num_blocks:
+            group = np.zeros(snap.num_blocks, np.int64)
         hashed = np.flatnonzero(snap.block_hash != 0).tolist()
         unhashed = np.flatnonzero(snap.block_hash == 0).tolist()
         for name, column in (("block_hash", snap.block_hash), ("parent_hash", snap.parent_hash)):
@@ -148,12 +151,12 @@ class BlockPool:
             keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]  # every block's, in one go
             for b in unhashed:
                 keys[b] = None
-            for b in np.flatnonzero(snap.block_group).tolist():
+            for b in np.flatnonzero(group).tolist():
                 if keys[b] is not None:
-                    keys[b] = group_key(keys[b], int(snap.block_group[b]))
+                    keys[b] = group_key(keys[b], int(group[b]))
             setattr(pool, name, keys)
-        pool.group = snap.block_group.astype(np.int64).tolist()
-        pool.group_used = bool(snap.block_group.any())
+        pool.group = group.tolist()
+        pool.group_used = bool(group.any())
         key = pool.block_hash
         if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
             hashed.sort(key=snap.cached_seq.__getitem__)

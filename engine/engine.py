@@ -145,10 +145,13 @@ class Engine:
         if n + req.params.max_tokens > limit:
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) exceeds the "
                     f"model's context of {limit} tokens")
-        need = -(-(n + req.params.max_tokens) // bs)
+        need = self.manager.peak_blocks(n + req.params.max_tokens,
+                                        self.config.max_num_batched_tokens)
         if need > self.num_blocks:
+            groups = f" in {len(self.manager.groups)} KV-cache groups" \
+                if len(self.manager.groups) > 1 else ""
             return (f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) needs {need} "
-                    f"blocks of {bs} tokens; the KV pool has only {self.num_blocks}")
+                    f"blocks of {bs} tokens{groups}; the KV pool has only {self.num_blocks}")
         return None
 
     def cancel(self, request_id: int) -> bool:

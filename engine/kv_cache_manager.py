@@ -270,9 +270,8 @@ class KVCacheManager:
             raise ValueError(f"request {child_id} is already admitted")
         p = self.seqs[parent_id]
         for g, table in enumerate(p.tables):
-            held = [b for b in table if b != NULL]
-            self.pool.take(held, self.step)
-            self.events.emit(ev.FORKED, self.step, child_id, held, detail=f"from {parent_id}",
+            self.pool.take([b for b in table if b != NULL], self.step)
+            self.events.emit(ev.FORKED, self.step, child_id, table, detail=f"from {parent_id}",
                              group=g)
         self.seqs[child_id] = _Seq(list(p.token_ids), p.keys, p.root, list(p.hashes),
                                    [t[:] for t in p.tables], p.num_computed, p.num_registered)
@@ -304,6 +303,14 @@ class KVCacheManager:
     def blocks_held(self, request_id: int) -> set[int]:
         """Every block the request holds, in any group."""
         return {b for t in self.seqs[request_id].tables for b in t if b != NULL}
+
+    def peak_blocks(self, num_tokens: int, max_chunk: int) -> int:
+        """The most blocks a request of `num_tokens` tokens may hold at once, computed in
+        chunks of at most `max_chunk` tokens: every block in a full-attention group; in a
+        sliding-window group those of a chunk and the window before it."""
+        bs, every = self.block_size, -(-num_tokens // self.block_size)
+        return sum(every if g.window is None else min(every, -(-(max_chunk + g.window) // bs) + 1)
+                   for g in self.groups)
 
     def num_computed_tokens(self, request_id: int) -> int:
         return self.seqs[request_id].num_computed

@@ -409,7 +409,9 @@ class SessionReader(Seeking):
                                 "name = 'explanations'")
         if not has_table:
             return None
-        rows = self._query(f"SELECT {', '.join(schema.EXPLANATION_COLUMNS)} FROM explanations "
+        have = {r[1] for r in self._query("PRAGMA table_info(explanations)")}
+        cols = [c if c in have else "NULL" for c in schema.EXPLANATION_COLUMNS]
+        rows = self._query(f"SELECT {', '.join(cols)} FROM explanations "
                            "WHERE request_id = ? AND step <= ? ORDER BY step DESC LIMIT 1",
                            (request_id, self.last_step if step is None else step))
         return schema.explanation_from_row(rows[0]) if rows else None

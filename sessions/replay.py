@@ -9,7 +9,9 @@ against the pool's own choice: an allocation must hand out the recorded blocks, 
 recorded ones. Block tables are rebuilt from the same events. What events do not carry (the
 computed-token counts and the running totals) is recorded per step and set with `end_step`.
 Any disagreement raises `ReplayError` rather than returning a wrong snapshot. Hashes are the
-recorded short hashes (8 bytes): the pool treats them as opaque keys.
+recorded short hashes (8 bytes): the pool treats them as opaque keys; in KV-cache group g > 0
+(a block event's kind "<kind>@g") the pool's keys are kv_groups.group_key of them, and each
+group has its own block tables (NULL where a sliding window released a block).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import sys
 
 from kvscope.engine import events as ev
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
+from kvscope.engine.kv_groups import NULL, group_key
 from kvscope.engine.snapshot import CacheCounters, Snapshot
 from kvscope.sessions.errors import ReplayError
-from kvscope.sessions.schema import event_columns
+from kvscope.sessions.schema import event_columns, split_kind
 
 _BLOCK_EVENTS = frozenset(ev.BLOCK_EVENTS)
 # The packed hashes column holds uint64s in the machine's order: on a little-endian machine its
@@ -39,6 +42,9 @@ class PoolReplay:
         self.step = s.step
         self.pool = BlockPool.from_snapshot(s, eviction_policy)
         self.tables: dict[int, list[int]] = {r: t.tolist() for r, t in s.block_tables.items()}
+        self.groups = s.groups
+        self.more = [{r: t.tolist() for r, t in g.items()} for g in s.more_tables]
+        self.more += [{} for _ in range(len(s.groups) - 1 - len(self.more))]
         self.nct = dict(s.num_computed_tokens)
         self.counters = s.counters
         self._evicted: list[int] = []  # an EVICTED event's blocks, checked by the ALLOCATED next
@@ -50,13 +56,14 @@ class PoolReplay:
         new.__dict__.update(self.__dict__)
         new.pool = self.pool.clone()
         new.tables = {r: t[:] for r, t in self.tables.items()}
+        new.more = [{r: t[:] for r, t in g.items()} for g in self.more]
         new.nct, new._evicted = dict(self.nct), self._evicted[:]
         return new
 
     def apply_packed(self, row) -> None:
         """Apply the block events of one packed `events` row (see schema.pack_events): as
         `apply` for each, with less work per event (seeking replays thousands of them)."""
-        if _BLOCK_EVENTS.isdisjoint(row[2].split("\n")):
+        if _BLOCK_EVENTS.isdisjoint(split_kind(k)[0] for k in row[2].split("\n")):
             return
         kinds, steps, rids, _, nb, blocks, nh, hashes, _ = event_columns(row, with_details=False)
         raw = (row[9] or None) if _RAW_KEYS else None
@@ -66,34 +73,38 @@ class PoolReplay:
         try:
             for i, kind in enumerate(kinds):
                 n, m = nb[i], nh[i]
+                kind, group = split_kind(kind) if "@" in kind else (kind, 0)
                 if kind in _BLOCK_EVENTS:
                     st, these = steps[i], blocks[b : b + n].tolist()
-                    if kind == cached and raw is not None and m == 2 * n:
+                    if kind == cached and raw is not None and m == 2 * n and not group:
                         self._cache(these, [raw[8 * j : 8 * j + 8] for j in range(h, h + m)], st)
                     else:
                         rid = rids[i]
-                        apply(kind, st, None if rid < 0 else rid, these, hashes[h : h + m])
+                        apply(kind, st, None if rid < 0 else rid, these, hashes[h : h + m],
+                              group)
                 b += n
                 h += m
         except (NoFreeBlocksError, KeyError, IndexError, ValueError) as e:
             raise ReplayError(f"step {st}: {kind} {these} does not replay: {e}") from None
 
     def apply_event(self, e: ev.Event) -> None:
-        self.apply(e.kind, e.step, e.request_id, e.blocks, e.hashes)
+        self.apply(e.kind, e.step, e.request_id, e.blocks, e.hashes, e.group)
 
-    def apply(self, kind: str, st: int, rid: int | None, blocks, hashes=()) -> None:
+    def apply(self, kind: str, st: int, rid: int | None, blocks, hashes=(), group=0) -> None:
         """Apply one event (request events change nothing in the pool)."""
         try:
-            self._apply(kind, st, rid, list(blocks), hashes)
+            self._apply(kind, st, rid, list(blocks), hashes, group)
         except (NoFreeBlocksError, KeyError, IndexError, ValueError) as e:
             raise ReplayError(f"step {st}: {kind} {blocks} does not replay: {e}") from None
 
-    def _apply(self, kind: str, st: int, rid: int | None, blocks: list[int], hashes) -> None:
-        pool, tables = self.pool, self.tables
+    def _apply(self, kind: str, st: int, rid: int | None, blocks: list[int], hashes,
+               group: int = 0) -> None:
+        pool = self.pool
+        tables = self.more[group - 1] if group else self.tables
         if kind == ev.EVICTED:
             self._evicted = blocks
         elif kind == ev.ALLOCATED:
-            got, evicted = pool.allocate(len(blocks), st)
+            got, evicted = pool.allocate(len(blocks), st, group)
             if got != blocks or evicted != self._evicted:
                 raise ReplayError(f"step {st}: blocks {blocks} allocated evicting "
                                   f"{self._evicted}, but the pool hands out {got} evicting "
@@ -104,13 +115,18 @@ class PoolReplay:
             if len(hashes) != 2 * len(blocks):
                 raise ReplayError(f"step {st}: cached event with {len(hashes)} hashes for "
                                   f"{len(blocks)} blocks")
-            self._cache(blocks, [_key(h) for h in hashes], st)
+            self._cache(blocks, [group_key(_key(h), group) for h in hashes], st)
         elif kind in (ev.CACHE_HIT, ev.FORKED):  # a prefix hit, or a child sharing its parent's
-            pool.take(blocks, st, hit=kind == ev.CACHE_HIT)
+            pool.take([b for b in blocks if b != NULL], st, hit=kind == ev.CACHE_HIT)
             tables[rid] = blocks
         elif kind == ev.FREED:
             self._release(blocks, st)
             tables.pop(rid, None)
+        elif kind == ev.OUT_OF_WINDOW:  # the table's first blocks, tail first
+            self._release(blocks, st)
+            table = tables[rid]
+            for b in blocks:
+                table[table.index(b)] = NULL
         elif kind == ev.COW:
             src, dst = blocks
             self._release([src], st)
@@ -148,19 +164,19 @@ class PoolReplay:
         self.step = step
         self.nct = nct
         self.counters = CacheCounters(**totals)
-        tables = self.tables
-        if tables.keys() != nct.keys():
-            for r in [r for r in tables if r not in nct]:
-                if tables[r]:
-                    raise ReplayError(f"step {step}: request {r} holds blocks {tables[r]} but "
-                                      "is not live")
-                del tables[r]
-            for r in nct:
-                tables.setdefault(r, [])
+        for tables in (self.tables, *self.more):
+            if tables.keys() != nct.keys():
+                for r in [r for r in tables if r not in nct]:
+                    if any(b != NULL for b in tables[r]):
+                        raise ReplayError(f"step {step}: request {r} holds blocks {tables[r]} "
+                                          "but is not live")
+                    del tables[r]
+                for r in nct:
+                    tables.setdefault(r, [])
 
     def snapshot(self) -> Snapshot:
         snap = Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters, self.step,
-                                  self.block_size)
+                                  self.block_size, self.groups, self.more)
         if not self._has_seq:  # as the session's own keyframes: without it
             snap.cached_seq = snap.cached_seq[:0]
         return snap

@@ -50,6 +50,7 @@ import numpy as np
 
 from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import CacheCounters, Snapshot
 
@@ -61,7 +62,7 @@ SUFFIX = ".kvscope"
 TOTALS = {name: "total_" + name.removeprefix("num_") for name in CacheCounters.names()}
 
 KEYFRAME_ARRAYS = ("state", "ref_count", "owner", "block_hash", "last_use", "lru_rank",
-                   "parent_hash", "hit_count", "cached_seq")
+                   "parent_hash", "hit_count", "cached_seq", "block_group")
 
 _PY_TYPES = {"int": int, "float": float, "bool": int, "str": str}
 
@@ -130,20 +131,26 @@ EXPLANATION_COLUMNS = {
     "step": int, "request_id": int, "reason": str, "num_prompt_tokens": int, "block_size": int,
     "num_hit_blocks": int, "first_miss_block": int, "dropped_at_step": int, "dropped_by": str,
     "differing_keys": str,
+    "window_cut": str,  # a window_cut's fields as a JSON object (files before groups: none)
 }
+_WINDOW_CUT = ("cut_by_group", "reach_blocks", "group_blocks_needed", "group_blocks_found",
+               "full_attention")
 
 
 def explanation_row(step: int, why) -> tuple:
     """A MissExplanation made at `step` as a row of the explanations table."""
+    cut = json.dumps({k: getattr(why, k) for k in _WINDOW_CUT}) if why.cut_by_group else None
     return (step, why.request_id, why.reason, why.num_prompt_tokens, why.block_size,
             why.num_hit_blocks, why.first_miss_block, why.dropped_at_step, why.dropped_by,
-            ",".join(why.differing_keys))
+            ",".join(why.differing_keys), cut)
 
 
 def explanation_from_row(row: tuple) -> MissExplanation:
-    _, rid, reason, n, bs, hit, first, dropped_at, dropped_by, keys = row
+    _, rid, reason, n, bs, hit, first, dropped_at, dropped_by, keys, cut = row
+    cut = json.loads(cut) if cut else {}
     return MissExplanation(rid, reason, n, bs, hit, first, dropped_at, dropped_by,
-                           tuple(k for k in (keys or "").split(",") if k))
+                           tuple(k for k in (keys or "").split(",") if k),
+                           **{k: cut[k] for k in _WINDOW_CUT if k in cut})
 
 
 # ----------------------------------------------------------------- event blobs
@@ -154,9 +161,18 @@ EVENT_COLUMNS = ("step", "num_events", "kinds", "event_steps", "request_ids", "t
 def event_tuples(events) -> list[tuple]:
     """Events as plain tuples (kind, step, request_id, blocks, time_ns, hashes, detail): cheap
     (~0.1 us each) and, unlike Event objects, dropped by the garbage collector's tracking, so
-    holding them until the writer's next batch costs no full collections."""
-    return [(e.kind, e.step, e.request_id, e.blocks, e.time_ns, e.hashes, e.detail)
-            for e in events]
+    holding them until the writer's next batch costs no full collections. A block event of
+    KV-cache group g > 0 has the kind "<kind>@g" (see split_kind)."""
+    return [(e.kind if not e.group else f"{e.kind}@{e.group}", e.step, e.request_id, e.blocks,
+             e.time_ns, e.hashes, e.detail) for e in events]
+
+
+def split_kind(kind: str) -> tuple[str, int]:
+    """A stored kind -> (kind, KV-cache group): "allocated@1" -> ("allocated", 1)."""
+    if "@" not in kind:
+        return kind, 0
+    kind, group = kind.split("@", 1)
+    return kind, int(group)
 
 
 _SEP = "\x1f"  # unit separator: joins the details when none contains it (else JSON)
@@ -240,8 +256,9 @@ def event_of(kind: str, step: int, rid: int | None, blocks: tuple, hashes: tuple
              detail: str) -> ev.Event:
     """An unpacked event tuple (see unpack_events) as the Event the engine published (ValueError:
     a kind this kvscope does not know)."""
+    kind, group = split_kind(kind)
     return ev.Event(ev.EventKind(kind), step, rid, blocks, time_ns, hashes, detail,
-                    event_values(kind, detail))
+                    event_values(kind, detail), group)
 
 
 # ------------------------------------------------------- computed-token deltas
@@ -260,13 +277,17 @@ def decode_nct(blob: bytes) -> dict[int, int]:
 # ------------------------------------------------------------------- keyframes
 def _scalar_fields() -> list[str]:
     skip = {"step", "block_size", "block_tables", "num_computed_tokens", "counters",
-            *KEYFRAME_ARRAYS}
+            "groups", "more_tables", *KEYFRAME_ARRAYS}
     return [f.name for f in fields(Snapshot) if f.name not in skip]
 
 
 def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     row = {"step": snap.step, "num_blocks": snap.num_blocks, "codec": "zlib"}
     layout = {"block_size": snap.block_size}
+    layout["groups"] = [[g.window, list(g.layers)] for g in snap.groups]
+    if snap.more_tables:
+        layout["more_tables"] = [{str(r): t.tolist() for r, t in g.items()}
+                                 for g in snap.more_tables]
     for name in KEYFRAME_ARRAYS:
         a = np.ascontiguousarray(getattr(snap, name))
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
@@ -327,5 +348,10 @@ def decode_keyframe(row: dict) -> Snapshot:
     stored = json.loads(row["counters"])
     scalars = {k: stored[k] for k in _scalar_fields() if k in stored}
     counters = CacheCounters(**{k: stored[k] for k in CacheCounters.names() if k in stored})
+    arrays.setdefault("block_group", np.zeros(num_blocks, np.uint8))  # (before groups: all 0)
+    groups = tuple(KVGroup(w, tuple(layers)) for w, layers in layout.get("groups", ()))
+    more = tuple({int(r): np.array(t, dtype=np.int32) for r, t in g.items()}
+                 for g in layout.get("more_tables", ()))
     return Snapshot(step=row["step"], block_size=layout["block_size"], block_tables=tables,
-                    num_computed_tokens=nct, counters=counters, **arrays, **scalars)
+                    num_computed_tokens=nct, counters=counters, groups=groups or ONE_GROUP,
+                    more_tables=more, **arrays, **scalars)

@@ -16,13 +16,15 @@ from kvscope.lab.traces import load_trace
 DATA = Path(__file__).parent.parent / "data"
 
 
-def both(num_blocks: int, block_size: int = 16):
-    return VllmSide(num_blocks, block_size), OurSide(num_blocks, block_size)
+def both(num_blocks: int, block_size: int = 16, windows: tuple = ()):
+    """windows: KV-cache groups after a full-attention one (see pool_sides.VllmSide)."""
+    return (VllmSide(num_blocks, block_size, windows=windows),
+            OurSide(num_blocks, block_size, windows=windows))
 
 
-def assert_same(reqs, num_blocks, sequential=False, block_size=16):
-    theirs, ours = (play(side, reqs, sequential=sequential) for side in both(num_blocks,
-                                                                               block_size))
+def assert_same(reqs, num_blocks, sequential=False, block_size=16, windows=()):
+    theirs, ours = (play(side, reqs, sequential=sequential)
+                    for side in both(num_blocks, block_size, windows))
     for rid in theirs.hits:  # first the hits, the number a user reads
         assert ours.hits.get(rid) == theirs.hits[rid], f"request {rid}"
     assert ours.preempted == theirs.preempted

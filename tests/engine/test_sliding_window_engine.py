@@ -23,7 +23,7 @@ from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.models.load import load_model
 
 BS = 4
-PREEMPTING_POOL = {"mistral_window": 14}  # blocks (default 26): small enough to preempt
+PREEMPTING_POOL = {"mistral_window": 20}  # blocks (default 32): small enough to preempt
 PARAMS = SamplingParams(max_tokens=16, ignore_eos=True)
 
 
@@ -48,7 +48,7 @@ def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed, reque
     chunked = make(windowed, max_num_batched_tokens=8).generate(prompts, params)
     assert [o.token_ids for o in chunked] == want
     spec = request.node.callspec.params["windowed"]
-    small_engine = make(windowed, num_blocks=PREEMPTING_POOL.get(spec, 26))
+    small_engine = make(windowed, num_blocks=PREEMPTING_POOL.get(spec, 32))
     small = small_engine.generate(prompts, params)
     assert sum(r.num_preempted for r in small_engine.step_records) > 0
     assert [o.token_ids for o in small] == want

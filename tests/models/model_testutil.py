@@ -113,22 +113,25 @@ class BlockAllocator:
 
 
 class PagedSeq:
-    """One sequence's token list and block table, growing as it is computed."""
+    """One sequence's token list and block table, growing as it is computed. `groups`: the
+    runner's KV-cache groups (a table each, its own blocks; every block kept)."""
 
     def __init__(self, tokens, alloc: BlockAllocator, block_size: int,
-                 shared_blocks: list[int] = (), num_cached: int = 0):
+                 shared_blocks: list[int] = (), num_cached: int = 0, groups: int = 1):
         self.tokens = list(tokens)
         self.alloc = alloc
         self.block_size = block_size
         self.table = list(shared_blocks)
+        self.more = [[] for _ in range(groups - 1)]
         self.num_computed = num_cached
 
     def chunk(self, n: int | None = None, want_logits: bool = True) -> SeqChunk:
         end = len(self.tokens) if n is None else self.num_computed + n
-        while len(self.table) * self.block_size < end:
-            self.table.append(self.alloc.take())
+        for table in (self.table, *self.more):
+            while len(table) * self.block_size < end:
+                table.append(self.alloc.take())
         c = SeqChunk(self.tokens[self.num_computed:end], self.num_computed, list(self.table),
-                     want_logits)
+                     want_logits, tuple(t[:] for t in self.more))
         self.num_computed = end
         return c
 

@@ -25,7 +25,7 @@ def _logits(loaded, kernel_impl: str | None = None) -> torch.Tensor:
     """The last prompt token's logits through the paged runner (by default the "cpu" kernels:
     C decode attention, torch's fused prefill), then one decode step's."""
     runner = ModelRunner(loaded, num_blocks=16, block_size=BLOCK_SIZE, kernel_impl=kernel_impl)
-    seq = PagedSeq(PROMPT, BlockAllocator(16, seed=2), BLOCK_SIZE)
+    seq = PagedSeq(PROMPT, BlockAllocator(16, seed=2), BLOCK_SIZE, groups=len(runner.groups))
     first = runner.run([seq.chunk()])
     seq.tokens.append(int(first[0].argmax()))
     return torch.stack([first[0], runner.run([seq.chunk()])[0]])

@@ -118,7 +118,7 @@ def test_gemma_files_give_the_source_models_logits(spec, arch, tmp_path):
     prompt, steps, block_size = random_prompt(21, seed=1), 12, 4
     ref_tokens, ref_logits = hf_greedy(hf, prompt, steps)
     runner = ModelRunner(loaded, num_blocks=32, block_size=block_size)
-    seq = PagedSeq(prompt, BlockAllocator(32, seed=7), block_size)
+    seq = PagedSeq(prompt, BlockAllocator(32, seed=7), block_size, groups=len(runner.groups))
     tokens, logits = greedy_decode(runner, [seq], runner.run([seq.chunk()]), steps)
     assert tokens[0] == ref_tokens
     for step, (ours, want) in enumerate(zip(logits, ref_logits, strict=True)):

@@ -37,9 +37,10 @@ def test_prefill_and_decode_match_transformers(spec, tiny_model_dir):
     prompt = random_prompt(21, seed=1)
     ref_tokens, ref_logits = hf_greedy(hf, prompt, STEPS)
 
-    num_blocks = (len(prompt) + STEPS) // BLOCK_SIZE + 8
+    num_blocks = 2 * ((len(prompt) + STEPS) // BLOCK_SIZE + 8)  # (room for two groups)
     runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK_SIZE)
-    seq = PagedSeq(prompt, BlockAllocator(num_blocks, seed=7), BLOCK_SIZE)
+    seq = PagedSeq(prompt, BlockAllocator(num_blocks, seed=7), BLOCK_SIZE,
+                   groups=len(runner.groups))
     prefill_logits = runner.run([seq.chunk()])
     tokens, logits = greedy_decode(runner, [seq], prefill_logits, STEPS)
 
@@ -80,10 +81,10 @@ def test_triton_kernels_match_transformers(spec, tiny_model_dir):
     prompts = [random_prompt(13, seed=4), random_prompt(6, seed=5)]
     refs = [hf_greedy(hf, p, steps) for p in prompts]
 
-    runner = ModelRunner(load_model(folder), num_blocks=16, block_size=BLOCK_SIZE,
+    runner = ModelRunner(load_model(folder), num_blocks=24, block_size=BLOCK_SIZE,
                          kernel_impl="triton")
-    alloc = BlockAllocator(16, seed=3)
-    a, b = (PagedSeq(p, alloc, BLOCK_SIZE) for p in prompts)
+    alloc = BlockAllocator(24, seed=3)
+    a, b = (PagedSeq(p, alloc, BLOCK_SIZE, groups=len(runner.groups)) for p in prompts)
     runner.run([a.chunk(5, want_logits=False)])
     first = runner.run([a.chunk(), b.chunk()])
     tokens, logits = greedy_decode(runner, [a, b], first, steps)

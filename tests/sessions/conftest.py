@@ -18,3 +18,11 @@ def tiny_model_dir(tmp_path_factory):
     build_tiny_model("llama3_rope_gqa_tied", folder)
     return folder
 
+
+
+@pytest.fixture(scope="session")
+def hybrid_model_dir(tmp_path_factory):
+    """Full-attention and sliding-window layers (window 6): two KV-cache groups."""
+    folder = tmp_path_factory.mktemp("tiny_hybrid_sessions")
+    build_tiny_model("qwen2_window_layers", folder)
+    return folder
