@@ -57,8 +57,10 @@ class Selection(QObject):
         if request is not ... and request != self.request:
             self.request = request
             self.request_changed.emit(request)
-        if blocks is not ... and tuple(blocks) != self.blocks:
-            self.blocks = tuple(int(b) for b in blocks)
+        if blocks is not ...:  # (a window group's nulls, -1, are no blocks)
+            blocks = tuple(int(b) for b in blocks if b >= 0)
+        if blocks is not ... and blocks != self.blocks:
+            self.blocks = blocks
             self.blocks_changed.emit(self.blocks)
         if step is not ...:
             self.select_step(step)

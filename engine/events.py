@@ -42,7 +42,8 @@ class EventKind(str, enum.Enum):
     COW = "cow"
     """Copy-on-write: `src_block` copied into `dst_block` before a write."""
     FORKED = "forked"
-    """A request was forked: `blocks` are now shared with its parent."""
+    """A request was forked: `blocks` (its parent's table: nulls (-1) included in a sliding-window
+    group) are now shared with its parent."""
     RESET = "reset"
     """reset_prefix_cache(): `blocks` lost their hash. vLLM's AllBlocksCleared."""
     UNCACHED = "uncached"

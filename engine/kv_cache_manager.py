@@ -39,10 +39,6 @@ class _Seq:
     num_computed: int = 0
     num_registered: int = 0  # leading full blocks already offered to the cache
 
-    @property
-    def table(self) -> list[int]:
-        return self.tables[0]
-
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
@@ -68,14 +64,12 @@ class KVCacheManager:
         self.hit_tokens = self.query_tokens = 0
         self.num_requests_queried = self.num_requests_hit = 0
         self.num_cow_copies = 0
-        self.num_out_of_window = 0  # blocks released out of a sliding window
-        self._group_hits: tuple[int, ...] = ()  # the last lookup: blocks each group accepted
 
     # ----------------------------------------------------------------- admission
     def can_admit(self, token_ids: list[int], num_new_tokens: int, cache_salt: str | None = None,
                   adapter: str | None = None) -> bool:
         keys = self._keys(cache_salt, adapter)
-        num_hit, hit = self._lookup(self._chain(keys, token_ids), len(token_ids))
+        num_hit, hit, _ = self._lookup(self._chain(keys, token_ids), len(token_ids))
         num_cached = num_hit * self.block_size
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         return self._admit_cost(hit, num_cached, num_new_tokens) <= self.pool.num_available
@@ -98,7 +92,7 @@ class KVCacheManager:
         else:
             root = self._recent_keys.get(keys) or root_hash(keys)
             hashes = list(block_hashes) if self.enable_prefix_caching else []
-        num_hit, hit = self._lookup((root, hashes), len(token_ids))
+        num_hit, hit, group_hits = self._lookup((root, hashes), len(token_ids))
         num_cached = num_hit * self.block_size
         if num_new_tokens is None:
             num_new_tokens = len(token_ids) - num_cached
@@ -113,7 +107,7 @@ class KVCacheManager:
             table = [NULL] * skip + hit[g][skip:]
             taken = [b for b in table if b != NULL]
             self.pool.take(taken, self.step, hit=True)
-            if taken:
+            if table:  # (a table of nulls too: a replay rebuilds it from the event)
                 self.events.emit(ev.CACHE_HIT, self.step, request_id, table, group=g)
             tables.append(table)
         seq = _Seq(list(token_ids), keys, root, hashes, tables, num_cached, num_hit)
@@ -123,7 +117,7 @@ class KVCacheManager:
             self.hit_tokens += num_cached
             self.num_requests_queried += 1
             self.num_requests_hit += bool(num_hit)
-            why = self._explain(request_id, seq, num_hit)
+            why = self._explain(request_id, seq, num_hit, group_hits)
             self.explanations[request_id] = why
             self.new_explanations.append(why)
         self._remember_keys(keys, root)
@@ -202,7 +196,6 @@ class KVCacheManager:
                 table[i] = NULL
             if released:
                 self.pool.release(released, self.step)
-                self.num_out_of_window += len(released)
                 self.events.emit(ev.OUT_OF_WINDOW, self.step, request_id, released, group=g)
 
     def _allocate_cost(self, seq: _Seq, num_new_tokens: int) -> int:
@@ -350,36 +343,24 @@ class KVCacheManager:
         return root, hash_blocks(root, token_ids, self.block_size)
 
     def _lookup(self, chain: tuple[bytes, list[bytes]], num_tokens: int
-                ) -> tuple[int, list[list[int]]]:
+                ) -> tuple[int, list[list[int]], tuple[int, ...]]:
         """The longest cached prefix every group accepts, leaving the last token to compute:
-        (its length in blocks, each group's hit blocks, NULL for those it does not need). As
-        vLLM's HybridKVCacheCoordinator: full-attention groups first, then each group may only
-        shrink the length, until none does. `_group_hits` keeps what each group accepted on its
-        first turn (for explanations)."""
+        (its length in blocks, each group's hit blocks, NULL for those it does not need, and
+        the blocks each group accepted on its first turn, for explanations). As vLLM's
+        HybridKVCacheCoordinator: full-attention groups first, then each group may only shrink
+        the length, until none does."""
         hashes = chain[1][: (num_tokens - 1) // self.block_size]
-        h2b, groups = self.pool.hash_to_block, self.groups
+        groups = self.groups
         if len(groups) == 1 and groups[0].window is None:
-            hit = []
-            for h in hashes:
-                b = h2b.get(h)
-                if b is None:
-                    break
-                hit.append(b)
-            self._group_hits = (len(hit),)
-            return len(hit), [hit]
+            hit = self._prefix_hit(hashes, 0)
+            return len(hit), [hit], (len(hit),)
         n, found, first = len(hashes), [None] * len(groups), [None] * len(groups)
         while True:
             start = n
             for g in self._lookup_order:
-                window = groups[g].window
-                if window is None:
+                if groups[g].window is None:  # downward-closed: looked up once, then cut
                     if found[g] is None:
-                        found[g] = []
-                        for h in hashes:
-                            b = h2b.get(group_key(h, g))
-                            if b is None:
-                                break
-                            found[g].append(b)
+                        found[g] = self._prefix_hit(hashes, g)
                 else:
                     found[g] = self._window_hit(g, hashes, n)
                 n = min(n, len(found[g]))
@@ -387,8 +368,17 @@ class KVCacheManager:
                     first[g] = len(found[g])
             if n >= start:
                 break
-        self._group_hits = tuple(first)
-        return n, [f[:n] for f in found]
+        return n, [f[:n] for f in found], tuple(first)
+
+    def _prefix_hit(self, hashes: list[bytes], g: int) -> list[int]:
+        """A full-attention group's hit: its cached blocks from the first, up to a miss."""
+        h2b, hit = self.pool.hash_to_block, []
+        for h in hashes:
+            b = h2b.get(group_key(h, g) if g else h)
+            if b is None:
+                break
+            hit.append(b)
+        return hit
 
     def _window_hit(self, g: int, hashes: list[bytes], n: int) -> list[int]:
         """As vLLM's SlidingWindowManager.find_longest_cache_hit within the first n blocks: from
@@ -412,7 +402,8 @@ class KVCacheManager:
         if len(self._recent_keys) > MAX_KEYS_CHECKED:
             self._recent_keys.popitem(last=False)
 
-    def _explain(self, request_id: int, seq: _Seq, num_hit: int) -> ex.MissExplanation:
+    def _explain(self, request_id: int, seq: _Seq, num_hit: int,
+                 group_hits: tuple[int, ...]) -> ex.MissExplanation:
         n = len(seq.token_ids)
         base = dict(request_id=request_id, num_prompt_tokens=n, block_size=self.block_size,
                     num_hit_blocks=num_hit)
@@ -423,9 +414,9 @@ class KVCacheManager:
         if num_hit == (n - 1) // self.block_size:
             return ex.MissExplanation(reason=ex.FULL_HIT, **base)
         full = [g for g, group in enumerate(self.groups) if group.window is None]
-        reach = min((self._group_hits[g] for g in full), default=(n - 1) // self.block_size)
+        reach = min((group_hits[g] for g in full), default=(n - 1) // self.block_size)
         if num_hit < reach:  # a sliding-window group cut what full attention (or the prompt) had
-            return self._explain_window_cut(seq, reach, bool(full), base)
+            return self._explain_window_cut(seq, reach, bool(full), group_hits, base)
         base["first_miss_block"] = num_hit
         g = full[0] if full else 0
         h = group_key(seq.hashes[num_hit], g)
@@ -446,11 +437,11 @@ class KVCacheManager:
         return ex.MissExplanation(reason=ex.NEVER_STORED, **base)
 
     def _explain_window_cut(self, seq: _Seq, reach: int, full_attention: bool,
-                            base: dict) -> ex.MissExplanation:
+                            group_hits: tuple[int, ...], base: dict) -> ex.MissExplanation:
         """The window group that accepted least, and how many of the blocks it needs before
         the point full attention reached it found cached."""
         g = min((g for g, group in enumerate(self.groups) if group.window is not None),
-                key=lambda g: self._group_hits[g])
+                key=lambda g: group_hits[g])
         need = self.groups[g].blocks_for_hit(self.block_size)
         wanted = seq.hashes[max(0, reach - need):reach]
         found = sum(group_key(h, g) in self.pool.hash_to_block for h in wanted)

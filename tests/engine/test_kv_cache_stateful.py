@@ -50,7 +50,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.kv[dst] = list(self.kv[src])
         seq = self.mgr.seqs[rid]
         for pos in range(start, seq.num_computed):
-            block = seq.table[pos // BLOCK_SIZE]
+            block = seq.tables[0][pos // BLOCK_SIZE]
             self.kv[block][pos % BLOCK_SIZE] = seq.token_ids[pos]
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6),
@@ -114,7 +114,7 @@ class CacheMachine(RuleBasedStateMachine):
         mgr, pool = self.mgr, self.mgr.pool
         refs = [0] * self.num_blocks
         for seq in mgr.seqs.values():
-            for b in seq.table:
+            for b in seq.tables[0]:
                 refs[b] += 1
         assert refs == pool.ref_count
         assert all(refs[b] == 0 for b in pool.free_queue)
@@ -153,9 +153,9 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def every_request_reads_its_own_tokens(self):
         for seq in self.mgr.seqs.values():
-            assert len(seq.table) == -(-seq.num_computed // BLOCK_SIZE)
+            assert len(seq.tables[0]) == -(-seq.num_computed // BLOCK_SIZE)
             for pos in range(seq.num_computed):
-                assert self.kv[seq.table[pos // BLOCK_SIZE]][pos % BLOCK_SIZE] == \
+                assert self.kv[seq.tables[0][pos // BLOCK_SIZE]][pos % BLOCK_SIZE] == \
                     seq.token_ids[pos]
 
     def teardown(self):
