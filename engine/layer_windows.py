@@ -8,6 +8,14 @@ from typing import Any
 
 from kvscope.engine.config import shown
 
+# A window transformers assumes when config.json names none (MinistralConfig's default).
+DEFAULT_WINDOW = {"ministral": 4096}
+
+
+def window_of(cfg: dict[str, Any]):
+    """config.json's `sliding_window`, or the family's default when the key is absent."""
+    return cfg.get("sliding_window", DEFAULT_WINDOW.get(str(cfg.get("model_type") or "")))
+
 
 def sliding_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
     """The layers that attend within `cfg["sliding_window"]`, as transformers reads a
@@ -19,7 +27,7 @@ def sliding_layers(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
     Raises ValueError (one line) for a bad `max_window_layers`."""
     model, every = str(cfg.get("model_type") or ""), tuple(range(num_layers))
     gated = "use_sliding_window" in cfg or model.startswith("qwen")
-    if not cfg.get("sliding_window") or (gated and not cfg.get("use_sliding_window")):
+    if not window_of(cfg) or (gated and not cfg.get("use_sliding_window")):
         return ()
     if model == "mistral":
         return every

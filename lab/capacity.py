@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvscope.engine.layer_windows import sliding_layers
+from kvscope.engine.layer_windows import sliding_layers, window_of
 
 GIB = 2**30
 
@@ -137,7 +137,8 @@ class KVShape:
             windowed = len(sliding_layers(cfg, layers))
         except ValueError as e:
             raise InvalidConfigError(f"config.json: {e}") from None
-        window = _positive_int(cfg, "sliding_window") if windowed else None
+        window = _positive_int({"sliding_window": window_of(cfg)}, "sliding_window") \
+            if windowed else None
         if windowed:
             notes.append(f"sliding window of {window:,} tokens in {windowed} of {layers} layers: "
                          f"they hold at most {window:,} tokens of a request")
@@ -150,8 +151,8 @@ class KVShape:
         """From our ``kvscope.engine.models.config.ModelConfig``."""
         windowed = sum(w is not None for w in mc.layer_windows)
         notes = (f"sliding window of {mc.sliding_window:,} tokens in {windowed} of "
-                 f"{mc.num_layers} layers; kvscope's engine does not release the blocks that "
-                 "leave it yet, so its pool holds whole contexts",) if windowed else ()
+                 f"{mc.num_layers} layers; kvscope's engine releases the blocks that leave it "
+                 "(their own KV-cache group)",) if windowed else ()
         return cls(mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.torch_dtype,
                    mc.max_position_embeddings, notes, mc.sliding_window if windowed else None,
                    windowed)

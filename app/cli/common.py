@@ -42,7 +42,8 @@ def positive_int(text: str) -> int:
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", default=DEFAULT_MODEL,
-                   help="'demo', 'smollm2' (SmolLM2-135M-Instruct), a local Hugging Face model "
+                   help="'demo', 'demo-hybrid' (the demo with a 128-token sliding window on half "
+                   "its layers), 'smollm2' (SmolLM2-135M-Instruct), a local Hugging Face model "
                    "folder, a .gguf file, or a repo id already in the local Hugging Face cache "
                    "(default: demo)")
     g.add_argument("--num-blocks", type=positive_int, default=None,

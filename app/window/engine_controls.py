@@ -18,6 +18,7 @@ from kvscope.engine.config import EngineConfig
 
 LOAD_DIALOG_MS = 300  # a load still running after this shows a dialog that can cancel it
 DEMO_WORKLOAD = "demo.jsonl"  # sized for the default pool: fills it, then evicts
+DEMO_WORKLOADS = {"demo-hybrid": "long_context.jsonl"}  # F5's, on models that have their own
 DEMO_PACE = 8  # steps per second while running: slow enough to watch blocks come and go
 
 
@@ -138,7 +139,8 @@ class EngineControls:
                                 "the model box, or Open model folder (Ctrl+L).")
             return
         if self.idle:
-            self.run_workload(workloads_dir() / DEMO_WORKLOAD)
+            name = DEMO_WORKLOADS.get(w.model_name, DEMO_WORKLOAD)
+            self.run_workload(workloads_dir() / name)
         else:
             w.engine_client.resume()
 

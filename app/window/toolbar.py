@@ -35,11 +35,13 @@ class ModelBox(QComboBox):
         self.setEditable(True)
         self.setInsertPolicy(QComboBox.NoInsert)  # a typed name that fails is not listed
         self.addItem("demo", "demo")
+        self.addItem("demo-hybrid (sliding window 128 on half the layers)", "demo-hybrid")
         self.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
         # As wide as a short name, not the longest entry: the toolbar must fit 1280 px.
         self.setMaximumWidth(self.fontMetrics().horizontalAdvance("demo") + 40)
         self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)
-        self.setToolTip("Pick a model to load it: demo, SmolLM2, or type a local model folder, "
+        self.setToolTip("Pick a model to load it: demo, demo-hybrid (two KV-cache groups), "
+                        "SmolLM2, or type a local model folder, "
                         "a .gguf file, or a repo id in the local Hugging Face cache and press "
                         "Enter")
         self.activated.connect(lambda i: pick(self.itemData(i)))

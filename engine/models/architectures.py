@@ -42,6 +42,9 @@ ARCHITECTURES = (
                  o_bias="attention_bias", mlp_bias="mlp_bias"),
     Architecture("MistralForCausalLM", "mistral", "llama", permuted_qk=True,
                  sliding_window="always"),
+    # Ministral 8B: Mistral's layers, the window on the layers `layer_types` names.
+    Architecture("MinistralForCausalLM", "ministral", "llama", permuted_qk=True,
+                 sliding_window="per_layer"),
     Architecture("Qwen2ForCausalLM", "qwen2", qkv_bias=True,
                  sliding_window="use_sliding_window"),
     Architecture("Qwen3ForCausalLM", "qwen3", qkv_bias="attention_bias", o_bias="attention_bias",

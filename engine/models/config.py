@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.engine.config import shown
+from kvscope.engine.layer_windows import DEFAULT_WINDOW
 from kvscope.engine.layer_windows import sliding_layers as sliding_layers_of
 from kvscope.engine.models.architectures import by_hf_name, supported
 
@@ -144,7 +145,8 @@ class ModelConfig:
         sliding_window = None
         if arch.sliding_window in ("always", "per_layer") or (
                 arch.sliding_window and cfg.get(arch.sliding_window)):
-            sliding_window = _field(cfg, "sliding_window", "size", None)
+            sliding_window = _field(cfg, "sliding_window", "size",
+                                    DEFAULT_WINDOW.get(str(cfg.get("model_type") or "")))
         num_layers = _field(cfg, "num_hidden_layers", "size")
         types = cfg.get("layer_types")
         if sliding_window and arch.sliding_window != "always" and types is not None and (

@@ -30,14 +30,25 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # stale buffers some old checkpoints carry
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+# The built-in models: name -> (their folder in kvscope.resources, config.json fields over the
+# folder's). "demo-hybrid" runs the demo's weights as a Ministral: a 128-token window on layers
+# 0 and 2, full attention on 1 and 3, so two KV-cache groups, and blocks leave the window.
+BUILT_IN: dict[str, tuple[str, dict[str, Any]]] = {
+    "demo": ("demo", {}),
+    "demo-hybrid": ("demo", {"architectures": ["MinistralForCausalLM"], "model_type": "ministral",
+                             "sliding_window": 128,
+                             "layer_types": [_SLIDING, _FULL, _SLIDING, _FULL]}),
+}
 
 
 def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None
                   ) -> Path:
-    """"demo", a local folder, or a repo id already in the local Hugging Face cache."""
+    """A built-in model ("demo", "demo-hybrid"), a local folder, or a repo id already in the
+    local Hugging Face cache."""
     name = os.fspath(name_or_path)
-    if name == "demo":
-        path = Path(os.fspath(importlib.resources.files("kvscope.resources") / "demo"))
+    if name in BUILT_IN:
+        path = Path(os.fspath(importlib.resources.files("kvscope.resources") / BUILT_IN[name][0]))
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"the demo model is not built ({path} has no config.json); "
                                  "run scripts/build_demo_model.py")
@@ -141,8 +152,9 @@ def _read_header(fh) -> tuple[bytes, bytes]:
     return length_bytes, header
 
 
-def model_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 over config.json and each weight file's name, size and header (never the data).
+def model_fingerprint(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> str:
+    """sha256 over config.json (and the fields a built-in model sets over it) and each weight
+    file's name, size and header (never the data).
 
     Cheap for multi-GB models. Two checkpoints that differ only in tensor values but have
     byte-identical headers and sizes get the same fingerprint.
@@ -153,6 +165,8 @@ def model_fingerprint(path: str | os.PathLike) -> str:
     if not config_file.is_file():
         raise ModelLoadError(f"no config.json in {path} (not a Hugging Face model folder?)")
     h.update(b"config.json\0" + config_file.read_bytes())
+    if overrides:
+        h.update(json.dumps(overrides, sort_keys=True).encode())
     for f in weight_files(path):
         size = f.stat().st_size
         with open(f, "rb") as fh:
@@ -219,10 +233,11 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
         return gguf.load_gguf(name_or_path, device, dtype)
     path = resolve_model(name_or_path)
     name = os.fspath(name_or_path)
-    if name != "demo" and Path(name).expanduser().is_dir():
+    overrides = BUILT_IN[name][1] if name in BUILT_IN else {}
+    if name not in BUILT_IN and Path(name).expanduser().is_dir():
         name = path.name
     try:
-        hf_config = read_config(path)
+        hf_config = {**read_config(path), **overrides}
         config = ModelConfig.from_hf_dict(hf_config)
         model_cls = get_model_class(config.architecture)
     except UnsupportedModelError as e:
@@ -247,5 +262,5 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     model.requires_grad_(False).eval()
 
     return LoadedModel(model=model, config=config, tokenizer=_load_tokenizer(path),
-                       fingerprint=model_fingerprint(path), path=path, name=name, dtype=dtype,
-                       device=device, hf_config=hf_config)
+                       fingerprint=model_fingerprint(path, overrides), path=path, name=name,
+                       dtype=dtype, device=device, hf_config=hf_config)

@@ -79,10 +79,10 @@ def test_qwen2_windows_from_max_window_layers_and_gemma2_alternates():
     assert KVShape.from_hf_dict(dict(typed, model_type="mistral")).window_layers == 3
 
 
-def test_the_engines_windowed_model_config_says_its_pool_holds_whole_contexts():
+def test_the_engines_windowed_model_config_says_its_pool_releases_the_window():
     from kvscope.engine.models.config import ModelConfig
 
     cfg = dict(MISTRAL_7B, vocab_size=32000, intermediate_size=14336)
     shape = KVShape.from_any(ModelConfig.from_hf_dict(cfg))
     assert (shape.window, shape.window_layers) == (4096, 32)
-    assert "does not release" in shape.notes[0]
+    assert "releases the blocks that leave it" in shape.notes[0]

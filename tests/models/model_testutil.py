@@ -54,6 +54,10 @@ MODEL_SPECS = {
     "qwen3_layer_types": (transformers.Qwen3Config, dict(
         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=5,
         layer_types=["sliding_attention", "full_attention"])),
+    # Ministral: Mistral's layers, windowed where layer_types says (layer 1 of 2).
+    "ministral_layers": (transformers.MinistralConfig, dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        layer_types=["full_attention", "sliding_attention"])),
     # Gemma 2: windowed even layers, soft-capped attention and logits (caps small enough to bend
     # these scores), query_pre_attn_scalar != head_dim. Gemma 3: q/k norms, two local layers
     # then a global one (sliding_window_pattern 3), each kind its own rope (linear on global).
@@ -67,14 +71,15 @@ MODEL_SPECS = {
                          "full_attention": {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 100000.0}})),
 }
-WINDOWED = ["mistral_window", "qwen2_window_layers", "qwen3_layer_types", "gemma2_window",
-            "gemma3_pattern"]
+WINDOWED = ["mistral_window", "qwen2_window_layers", "qwen3_layer_types", "ministral_layers",
+            "gemma2_window", "gemma3_pattern"]
 GEMMA = ["gemma2_window", "gemma3_pattern"]
 ARCH_OF = {
     transformers.LlamaConfig: transformers.LlamaForCausalLM,
     transformers.MistralConfig: transformers.MistralForCausalLM,
     transformers.Qwen2Config: transformers.Qwen2ForCausalLM,
     transformers.Qwen3Config: transformers.Qwen3ForCausalLM,
+    transformers.MinistralConfig: transformers.MinistralForCausalLM,
     transformers.Gemma2Config: transformers.Gemma2ForCausalLM,
     transformers.Gemma3TextConfig: transformers.Gemma3ForCausalLM,
 }
