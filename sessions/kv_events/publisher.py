@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 
 import zmq
 
@@ -29,21 +29,24 @@ from kvscope.sessions.kv_events.wire import END_SEQ, Batch, Cleared, Removed, St
 
 
 class CachedHashes:
-    """Physical block <-> (KV group, short hash) of the blocks cached now, kept from the CACHED
-    events seen: the engine's evictions name blocks, vLLM's name hashes in a group."""
+    """Physical block -> (KV group, short hash) of the blocks cached now, and how many blocks
+    hold each (a hash recomputed while cached has copies), kept from the CACHED events seen:
+    the engine's evictions name blocks, vLLM's name hashes in a group."""
 
     def __init__(self):
         self.by_block: dict[int, tuple[int, int]] = {}
-        self.by_hash: dict[tuple[int, int], int] = {}
+        self.by_hash: Counter[tuple[int, int]] = Counter()
 
     def add(self, block: int, group: int, h: int) -> None:
         self.by_block[block] = (group, h)
-        self.by_hash[(group, h)] = block
+        self.by_hash[(group, h)] += 1
 
     def pop(self, block: int) -> tuple[int, int] | None:
         key = self.by_block.pop(block, None)
         if key is not None:
-            del self.by_hash[key]
+            self.by_hash[key] -= 1
+            if not self.by_hash[key]:
+                del self.by_hash[key]
         return key
 
     def clear(self) -> None:
