@@ -29,6 +29,10 @@ FULL, SLIDING = "full_attention", "sliding_window"  # the kinds, as vLLM's spec 
 class KVGroup:
     window: int | None = None  # a sliding window of W tokens; None: full attention
     layers: tuple[int, ...] = ()  # the model's layers in this group (empty: every layer)
+    # A server's spec kind that the engine does not model (an attached vLLM's mla_attention,
+    # mamba, ...; "unknown": none published), named, never simulated: `kind` stays how the
+    # engine would treat the group (full attention, or a window when one was published)
+    spec_kind: str | None = None
 
     @property
     def kind(self) -> str:
@@ -36,8 +40,22 @@ class KVGroup:
 
     @property
     def name(self) -> str:
-        """For people: "full attention" or "sliding window 4096"."""
+        """For people: "full attention", "sliding window 4096", "mla attention"."""
+        if self.spec_kind:
+            words = "kind unknown" if self.spec_kind == "unknown" else self.spec_kind
+            return words.replace("_", " ") + \
+                (f" {self.window}" if self.window is not None else "")
         return "full attention" if self.window is None else f"sliding window {self.window}"
+
+    @classmethod
+    def of_spec(cls, kind: str | None, window: int | None) -> KVGroup:
+        """The group a vLLM server describes with `kv_cache_spec_kind` and
+        `kv_cache_spec_sliding_window` (None: not published)."""
+        if kind == FULL and window is None:
+            return cls()
+        if kind == SLIDING and window is not None:
+            return cls(window)
+        return cls(window, spec_kind=kind or "unknown")
 
     def skipped_tokens(self, num_computed: int) -> int:
         """Tokens no later query of a request with `num_computed` tokens in its KV attends (the
@@ -72,5 +90,5 @@ def describe(groups: Sequence[KVGroup]) -> str:
     """One line for people: "2 KV groups: full attention (layers 0, 2), sliding window 4 ..."."""
     if len(groups) == 1:
         return groups[0].name
-    parts = [f"{g.name} ({len(g.layers)} layers)" for g in groups]
+    parts = [g.name + (f" ({len(g.layers)} layers)" if g.layers else "") for g in groups]
     return f"{len(groups)} KV groups: " + ", ".join(parts)

@@ -127,6 +127,7 @@ class Recorder(SessionWriter):
         self._steps_since_kf = 0
         self._events_since_kf = 0
         self._force_kf = True
+        self._kf_groups = 0  # KV groups in the last keyframe: a step naming another forces one
         self._kf_copy_s = 0.0  # engine-thread cost of the last keyframe's raw copy
         self._kf_build_s = 0.0  # writer-thread CPU to turn it into a stored keyframe
         self._step_s_ema = 0.0
@@ -280,9 +281,10 @@ class Recorder(SessionWriter):
         self._steps_since_kf += 1
         self._events_since_kf += len(tuples)
         raw = None
-        if self._force_kf or self._keyframe_due():
+        if self._force_kf or self._keyframe_due() or self._new_group(u.events):
             t = time.perf_counter()
             raw = self.engine.pool_state()
+            self._kf_groups = len(raw.groups)
             self._kf_copy_s = time.perf_counter() - t
             self._steps_since_kf = self._events_since_kf = 0
             self._force_kf = False
@@ -295,6 +297,12 @@ class Recorder(SessionWriter):
         self._max_backlog = max(self._max_backlog, backlog)
         if backlog > self.lag_steps and not self._lagging:
             self._set_lagging(f"{backlog} steps not yet written")
+
+    def _new_group(self, events) -> bool:
+        """A block event of a KV group the last keyframe did not have (an attached server's
+        group seen for the first time): its replay starts from a keyframe that has it."""
+        n = self._kf_groups
+        return any(e.group >= n for e in events)
 
     def _keyframe_due(self) -> bool:
         if self._events_since_kf >= self.keyframe_max_events:

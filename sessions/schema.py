@@ -284,7 +284,8 @@ def _scalar_fields() -> list[str]:
 def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     row = {"step": snap.step, "num_blocks": snap.num_blocks, "codec": "zlib"}
     layout = {"block_size": snap.block_size}
-    layout["groups"] = [[g.window, list(g.layers)] for g in snap.groups]
+    layout["groups"] = [[g.window, list(g.layers)] + ([g.spec_kind] if g.spec_kind else [])
+                        for g in snap.groups]  # an attached server's spec kind, when named
     if snap.more_tables:
         layout["more_tables"] = [{str(r): t.tolist() for r, t in g.items()}
                                  for g in snap.more_tables]
@@ -349,7 +350,7 @@ def decode_keyframe(row: dict) -> Snapshot:
     scalars = {k: stored[k] for k in _scalar_fields() if k in stored}
     counters = CacheCounters(**{k: stored[k] for k in CacheCounters.names() if k in stored})
     arrays.setdefault("block_group", np.zeros(num_blocks, np.uint8))  # (before groups: all 0)
-    groups = tuple(KVGroup(w, tuple(layers)) for w, layers in layout.get("groups", ()))
+    groups = tuple(KVGroup(g[0], tuple(g[1]), *g[2:3]) for g in layout.get("groups", ()))
     more = tuple({int(r): np.array(t, dtype=np.int32) for r, t in g.items()}
                  for g in layout.get("more_tables", ()))
     return Snapshot(step=row["step"], block_size=layout["block_size"], block_tables=tables,

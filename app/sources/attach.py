@@ -89,8 +89,9 @@ class AttachSource(FrameSource):
 
     def status_text(self, snap) -> str:
         hit = f" · hit {snap.token_hit_rate:.0%} (metrics)" if snap.query_tokens else ""
+        groups = f" · {len(snap.groups)} KV groups" if len(snap.groups) > 1 else ""
         return (f"attached · {self.name} · {snap.num_cached_blocks} resident blocks in "
-                f"{snap.num_blocks} hash slots · step {snap.step}{hit}")
+                f"{snap.num_blocks} hash slots{groups} · step {snap.step}{hit}")
 
     def settings(self) -> dict:
         cfg = self.session.slots.config

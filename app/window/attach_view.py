@@ -1,6 +1,7 @@
 """File → Attach…: the dialog, and what the window adds while it shows an attached server (or a
-recording of one): the pool titled as hash slots, a note saying why, the mirror's health in the
-status bar, and per-step series on the timeline (blocks stored and removed, preemptions, KV
+recording of one): the pool titled as hash slots, a note saying why, the server's KV groups (kind,
+window, resident blocks) under it, the mirror's health in the status bar, and per-step series on
+the timeline (blocks stored and removed, preemptions, KV
 usage, TTFT and ITL from the server's metrics). The panels themselves are not changed."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_view import TITLE_TIP
 from kvscope.engine import events as ev
-from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS
+from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS, group_lines
 
 SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
               "not published); darker = stored earlier")
@@ -144,6 +145,12 @@ class AttachOverlay:
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color: #555555; padding: 1px 4px")
         self.note.hide()
+        self.groups = QLabel()  # the server's KV groups, one line each
+        self.groups.setStyleSheet("color: #333333; padding: 1px 4px")
+        self.groups.setToolTip("The server's KV-cache groups (vLLM's group_idx), with the kind "
+                               "and sliding window its BlockStored events name, and the hash "
+                               "slots each holds now")
+        self.groups.hide()
         self.health = HealthLabel()
         self.health.hide()
         self.health.clicked.connect(self.show_details)
@@ -172,6 +179,8 @@ class AttachOverlay:
         self.clear()
         self.active = is_attached(source)
         self.note.setVisible(self.active)
+        self.groups.setVisible(self.active)
+        self.groups.clear()
         if self.active:
             self.w.pool.set_terms("hash slot", "darker = stored earlier")
         else:
@@ -238,6 +247,8 @@ class AttachOverlay:
         if snap is not None and pool.title.text().startswith("<b>Block pool</b>"):
             pool.title.setText(f"<b>Hash slots</b> · {snap.num_cached_blocks} resident of "
                                f"{snap.num_blocks} slots · {snap.block_size} tokens per block")
+        if snap is not None:
+            self.groups.setText("\n".join(group_lines(snap)))
         if frame.records:
             self._add(frame)
         source = self.w.source

@@ -106,6 +106,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.recording_label)
         self.attach_view = AttachOverlay(self)  # only while an attached server is shown
         self.centralWidget().layout().insertWidget(2, self.attach_view.note)
+        self.centralWidget().layout().insertWidget(3, self.attach_view.groups)
         self.statusBar().addPermanentWidget(self.attach_view.health)
         self.frame_timer.start(FRAME_MS)
         self.docking.restore(self.settings)

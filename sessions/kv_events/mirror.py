@@ -3,7 +3,9 @@
 Blocks are keyed by (data-parallel rank, KV group, medium, hash): the same hash may be resident
 in several groups and tiers at once, and a server with duplicate physical copies of one hash sends
 a store (and later a remove) for each copy, so a key holds a reference count. Physical block ids
-are not published: the mirror knows hash slots, not pool cells.
+are not published: the mirror knows hash slots, not pool cells. Each KV group's spec (vLLM's
+`kv_cache_spec_kind` and `kv_cache_spec_sliding_window` on its stores) is learnt from the stores;
+stores of one group that disagree on it are counted in the health, and the latest is kept.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import secrets
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.sessions.kv_events.vllm_rules import published_salt
 from kvscope.sessions.kv_events.wire import Batch, Cleared, Removed, Stored
 
@@ -34,6 +37,7 @@ class Health:
     unknown_removes: int = 0  # a remove of a key the mirror does not hold
     restarts: int = 0  # the sequence went back, or a replay showed a new lifetime
     disconnects: int = 0  # times a stream's connection dropped
+    spec_conflicts: int = 0  # stores of a KV group that named another spec than the one before
     unsure: set = field(default_factory=set)  # endpoints disconnected since a replay answered
     bad_messages: int = 0  # frames or payloads that are not KV-event batches
     first_seq: dict = field(default_factory=dict)  # stream endpoint -> first sequence applied
@@ -57,7 +61,7 @@ class Health:
         else:
             history = ", ".join(f"{e} from sequence {s}" for e, s in late.items()) + \
                 " (earlier blocks were never seen: expect orphan parents)"
-        return [
+        lines = [
             f"gaps: {self.gaps} ({self.repaired} repaired by replay, {self.lost} batches lost); "
             f"replay: {self.replayed} batches, {recovered}",
             f"history: {history}",
@@ -66,6 +70,10 @@ class Health:
             f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}, "
             f"disconnects: {self.disconnects}",
         ]
+        if self.spec_conflicts:
+            lines.append(f"KV group spec conflicts: {self.spec_conflicts} (stores of one group "
+                         "named different kinds or windows; the latest is shown)")
+        return lines
 
 
 class Mirror:
@@ -75,6 +83,9 @@ class Mirror:
         self.blocks: dict[tuple, list] = {}
         self._salt_key = secrets.token_bytes(32)  # never kept: salts are shown as digests
         self._where: Counter = Counter()  # (rank, group, hash) -> keys holding it (any medium)
+        # (rank, group) -> (spec kind, sliding window) its latest store published
+        self.specs: dict[tuple[int, int], tuple[str, int | None]] = {}
+        self.group_ids: set[int] = set()  # every KV group a store named
         self.num_stored = 0  # block stores applied (duplicates included)
         self.num_removed = 0  # block removes applied to a resident key
         self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
@@ -102,6 +113,9 @@ class Mirror:
         identity = self._identity(rank, e)
         if self.parity is not None:
             self.parity.check(e)
+        self.group_ids.add(group)
+        if e.spec_kind is not None:
+            self._learn_spec(rank, group, (e.spec_kind, e.sliding_window))
         parent = e.parent
         if parent is not None and not where[(rank, group, parent)]:
             self.health.orphans += 1
@@ -118,6 +132,15 @@ class Mirror:
                 self.health.duplicate_stores += 1
             parent = h
         self.num_stored += len(e.hashes)
+
+    def _learn_spec(self, rank: int, group: int, spec: tuple) -> None:
+        known = self.specs.get((rank, group))
+        if known is not None and known != spec:
+            self.health.spec_conflicts += 1
+            self.health.note(f"dp rank {rank}, KV group {group}: a store names "
+                             f"{KVGroup.of_spec(*spec).name}, an earlier one "
+                             f"{KVGroup.of_spec(*known).name}")
+        self.specs[(rank, group)] = spec
 
     def _identity(self, rank: int, e: Stored) -> tuple:
         """(LoRA name, salt digest): SGLang names the salt on the event, vLLM puts it in the
@@ -172,6 +195,22 @@ class Mirror:
     def num_resident(self) -> int:
         return len(self.blocks)
 
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The server's KV groups by group_idx, as their stores described them (the lowest dp
+        rank's spec; "kind unknown" for a group no store described: older vLLM, SGLang)."""
+        if not self.group_ids:
+            return ONE_GROUP
+        specs: dict[int, tuple] = {}
+        for (_, group), spec in sorted(self.specs.items(), reverse=True):
+            specs[group] = spec
+        return tuple(KVGroup.of_spec(*specs.get(g, (None, None)))
+                     for g in range(max(self.group_ids) + 1))
+
+    def group_label(self, rank: int, group: int) -> str:
+        """"KV group 1 (sliding window 8)"; no kind when none was published."""
+        spec = self.specs.get((rank, group))
+        return f"KV group {group}" + (f" ({KVGroup.of_spec(*spec).name})" if spec else "")
+
     def tree(self, rank: int = 0, group: int = 0, medium: str = "GPU") -> dict:
         """hash -> parent hash (None for a chain's first block) of the resident blocks."""
         return {k[3]: v[1] for k, v in self.blocks.items()
@@ -199,8 +238,8 @@ class Mirror:
     def summary(self) -> str:
         lines = ["cache (hash slots: physical block ids are not published):"]
         for (rank, group, medium), (n, tokens, roots) in self.layers().items():
-            lines.append(f"  dp rank {rank}, KV group {group}, {medium}: {n} blocks, "
-                         f"{tokens} tokens, {roots} chain roots")
+            lines.append(f"  dp rank {rank}, {self.group_label(rank, group)}, {medium}: "
+                         f"{n} blocks, {tokens} tokens, {roots} chain roots")
         if not self.blocks:
             lines.append("  (empty)")
         named = {k: v for k, v in self.identities().items() if k != (None, None)}

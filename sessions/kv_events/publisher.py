@@ -9,66 +9,77 @@ Wire as vLLM's ZmqEventPublisher: PUB frames [topic, seq (8 bytes BE), payload];
 replay endpoint answers [b"", start_seq] with [b"", seq, payload] per buffered batch (the
 pre-v0.26 layout, also SGLang's) and the end marker [b"", ff x 8, b""]. An endpoint with `*`, `::`
 or an ipc/inproc scheme is bound, any other is connected to, as vLLM does.
+
+Every BlockStored names its KV group as vLLM 0.33 does, one-group engines included: `group_idx`,
+`kv_cache_spec_kind` ("full_attention" or "sliding_window") and `kv_cache_spec_sliding_window`
+(the window in tokens, None for full attention); a BlockRemoved names its `group_idx`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 
 import zmq
 
 from kvscope.engine import events as ev
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.sessions.kv_events.wire import END_SEQ, Batch, Cleared, Removed, Stored, encode_batch
 
 
 class CachedHashes:
-    """Physical block <-> short hash of the blocks cached now, kept from the CACHED events seen:
-    the engine's evictions name blocks, vLLM's name hashes."""
+    """Physical block -> (KV group, short hash) of the blocks cached now, and how many blocks
+    hold each (a hash recomputed while cached has copies), kept from the CACHED events seen:
+    the engine's evictions name blocks, vLLM's name hashes in a group."""
 
     def __init__(self):
-        self.by_block: dict[int, int] = {}
-        self.by_hash: dict[int, int] = {}
+        self.by_block: dict[int, tuple[int, int]] = {}
+        self.by_hash: Counter[tuple[int, int]] = Counter()
 
-    def add(self, block: int, h: int) -> None:
-        self.by_block[block] = h
-        self.by_hash[h] = block
+    def add(self, block: int, group: int, h: int) -> None:
+        self.by_block[block] = (group, h)
+        self.by_hash[(group, h)] += 1
 
-    def pop(self, block: int) -> int | None:
-        h = self.by_block.pop(block, None)
-        if h is not None:
-            del self.by_hash[h]
-        return h
+    def pop(self, block: int) -> tuple[int, int] | None:
+        key = self.by_block.pop(block, None)
+        if key is not None:
+            self.by_hash[key] -= 1
+            if not self.by_hash[key]:
+                del self.by_hash[key]
+        return key
 
     def clear(self) -> None:
         self.by_block.clear()
         self.by_hash.clear()
 
 
-def to_kv_events(events, cached: CachedHashes, block_size: int, medium: str) -> list:
+def to_kv_events(events, cached: CachedHashes, block_size: int, medium: str,
+                 groups: tuple[KVGroup, ...] = ONE_GROUP) -> list:
     """One step's engine events as vLLM events. A chain's first block is published with no parent
-    when its parent is not a cached block (our chains start from an identity root, vLLM's from
-    None). Token ids are not published (the engine's events do not carry them)."""
+    when its parent is not a cached block of its group (our chains start from an identity root,
+    vLLM's from None). Token ids are not published (the engine's events do not carry them)."""
     out = []
     for e in events:
         if e.kind == ev.CACHED:
-            n = len(e.blocks)
+            n, g = len(e.blocks), e.group
+            spec = dict(group=g, spec_kind=groups[g].kind, sliding_window=groups[g].window)
             run: list[int] = []
             run_parent = None
             for block, h, parent in zip(e.blocks, e.hashes[:n], e.hashes[n:], strict=True):
                 if not run or parent != run[-1]:  # a break in the chain starts a new store
                     if run:
-                        out.append(Stored(run, run_parent, [], block_size, medium))
-                    run, run_parent = [], parent if parent in cached.by_hash else None
+                        out.append(Stored(run, run_parent, [], block_size, medium, **spec))
+                    run, run_parent = [], parent if (g, parent) in cached.by_hash else None
                 run.append(h)
-                cached.add(block, h)
+                cached.add(block, g, h)
             if run:
-                out.append(Stored(run, run_parent, [], block_size, medium))
+                out.append(Stored(run, run_parent, [], block_size, medium, **spec))
         elif e.kind == ev.EVICTED:
-            gone = [h for h in map(cached.pop, e.blocks) if h is not None]
-            if gone:
-                out.append(Removed(gone, medium))
+            by_group: dict[int, list[int]] = {}  # the groups the blocks were cached in
+            for g, h in filter(None, map(cached.pop, e.blocks)):
+                by_group.setdefault(g, []).append(h)
+            out += [Removed(hashes, medium, g) for g, hashes in by_group.items()]
         elif e.kind == ev.RESET:
             cached.clear()
             out.append(Cleared())
@@ -81,6 +92,7 @@ class KVEventPublisher:
                  dp_rank: int = 0, context: zmq.Context | None = None):
         self.engine, self.layout, self.dp_rank = engine, layout, dp_rank
         self.block_size = engine.config.block_size
+        self.groups = engine.manager.groups
         self.medium = "GPU" if engine.config.device == "cuda" else "CPU"
         self.topic = topic.encode()
         self._cached = CachedHashes()
@@ -106,7 +118,8 @@ class KVEventPublisher:
 
     def on_step(self, update) -> None:
         """The step listener: the one place that reads the engine's step stream."""
-        events = to_kv_events(update.events, self._cached, self.block_size, self.medium)
+        events = to_kv_events(update.events, self._cached, self.block_size, self.medium,
+                              self.groups)
         if events:
             self.publish(Batch(time.time(), events, self.dp_rank))
 

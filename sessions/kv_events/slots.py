@@ -4,10 +4,12 @@ Physical block ids are not published, so each resident key of the mirror (data-p
 KV group, medium, hash) gets a slot of a `BlockPool` (the engine's own pool rules). A stored
 block is allocated, cached under a short hash of its key and released (state "cached"); a
 removed one is uncached (state "free"). Every change is an engine event (ALLOCATED, CACHED,
-FREED, UNCACHED, and EVICTED when more blocks are resident than there are slots), one step per
-tick, so `Recorder` records the attached server like an engine and `SessionReader` replays it:
-one schema. A chain's first block hangs under a root per identity (LoRA name, salt, rank,
-group, medium); a block whose parent was never seen under a root of its own (an orphan).
+FREED, UNCACHED, and EVICTED when more blocks are resident than there are slots) of the key's KV
+group, one step per tick, so `Recorder` records the attached server like an engine and
+`SessionReader` replays it: one schema. The snapshot carries the server's groups
+(`Mirror.groups`) and each slot's group (`Snapshot.block_group`). A chain's first block hangs
+under a root per identity (LoRA name, salt, rank, group, medium); a block whose parent was never
+seen under a root of its own (an orphan).
 
 `HashSlots` quacks like the parts of `Engine` the recorder uses: config, num_blocks, loaded,
 subscribe/unsubscribe, pool_state, unfinished_requests, request_output.
@@ -20,10 +22,12 @@ import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
+
 from kvscope.engine import events as ev
 from kvscope.engine.block_pool import BlockPool
 from kvscope.engine.metrics import StepRecord
-from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
+from kvscope.engine.snapshot import FREE, CacheCounters, PoolState, Snapshot
 from kvscope.engine.stream import StepUpdate
 from kvscope.sessions.kv_events.mirror import Mirror
 
@@ -69,6 +73,23 @@ def identity_label(identity: tuple) -> str:
     lora, salt = identity
     return (f"LoRA {lora}" if lora else "no LoRA") + (f" · salt #{salt[:8]}" if salt else
                                                        " · no salt")
+
+
+def group_lines(snap: Snapshot) -> list[str]:
+    """Each KV group of a hash-slot snapshot, one line: its index, kind (with its window) and
+    resident blocks (slots holding a hash of the group)."""
+    held = snap.block_group[snap.state != FREE] if len(snap.block_group) else []
+    resident = np.bincount(np.asarray(held, np.int64), minlength=len(snap.groups))
+    return [f"KV group {g}: {group.name} · {int(resident[g])} resident blocks"
+            for g, group in enumerate(snap.groups)]
+
+
+def by_group(keys: list[tuple]) -> dict[int, list[tuple]]:
+    """Mirror keys by their KV group, in their order."""
+    out: dict[int, list[tuple]] = {}
+    for key in keys:
+        out.setdefault(key[1], []).append(key)
+    return out
 
 
 def _show(h) -> str:
@@ -122,23 +143,48 @@ class HashSlots:
 
     def pool_state(self) -> PoolState:
         return PoolState(max(self.step, 0), self.config.block_size, self.pool.copy(), {}, {},
-                         self.counters())
+                         self.counters(), self.mirror.groups())
 
     def snapshot(self) -> Snapshot:
         return self.pool_state().snapshot()
 
     # ------------------------------------------------------------- ticking
     def _uncache(self, keys: list[tuple], step: int, now: int, events: list) -> None:
-        gone = []
-        for key in keys:
-            slot = self.slot_of.pop(key, None)
-            if slot is not None:
-                del self.key_of[slot]
-                self.pool.uncache(slot)
-                gone.append(slot)
-        if gone:
-            events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
-                                   detail="removed by the server"))
+        for group, group_keys in by_group(keys).items():
+            gone = []
+            for key in group_keys:
+                slot = self.slot_of.pop(key, None)
+                if slot is not None:
+                    del self.key_of[slot]
+                    self.pool.uncache(slot)
+                    gone.append(slot)
+            if gone:
+                events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
+                                       detail="removed by the server", group=group))
+
+    def _store(self, keys: list[tuple], adds: dict, step: int, now: int, events: list) -> None:
+        pool = self.pool
+        for group, group_keys in by_group(keys).items():
+            got, evicted = pool.allocate(len(group_keys), step, group)
+            for slot in evicted:  # too few slots: the oldest resident blocks leave the view
+                self.slot_of.pop(self.key_of.pop(slot), None)
+            self.num_overflow += len(evicted)
+            if evicted:
+                events.append(ev.Event(ev.EVICTED, step, None, tuple(evicted), now,
+                                       detail="more resident blocks than slots", group=group))
+            events.append(ev.Event(ev.ALLOCATED, step, None, tuple(got), now, group=group))
+            shorts, parents = [], []
+            for slot, key in zip(got, group_keys, strict=True):
+                h, p = slot_hashes(key, adds[key])
+                pool.cache(slot, _bytes(h), _bytes(p))
+                self.slot_of[key], self.key_of[slot] = slot, key
+                shorts.append(h)
+                parents.append(p)
+            events.append(ev.Event(ev.CACHED, step, None, tuple(got), now,
+                                   (*shorts, *parents), group=group))
+            tail_first = got[::-1]
+            pool.release(tail_first, step)
+            events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now, group=group))
 
     def describe(self, slot: int) -> str | None:
         """What a slot holds, in one line (None: an empty slot)."""
@@ -154,8 +200,8 @@ class HashSlots:
             up = f"parent {_show(parent)}"
         else:
             up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
-        text = (f"hash slot {slot}: hash {_show(h)} · dp rank {rank} · KV group {group} · "
-                f"{medium} · {size} tokens · {up}")
+        text = (f"hash slot {slot}: hash {_show(h)} · dp rank {rank} · "
+                f"{self.mirror.group_label(rank, group)} · {medium} · {size} tokens · {up}")
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
         if lora or salt:
@@ -174,7 +220,7 @@ class HashSlots:
                 root = short_key("root", rank, group, medium, *entry[3])
                 if root not in out:
                     out[root] = identity_label(entry[3]) + \
-                        (f" · dp rank {rank}, KV group {group}, {medium}"
+                        (f" · dp rank {rank}, {self.mirror.group_label(rank, group)}, {medium}"
                          if (rank, group, medium) != (0, 0, "GPU") else "")
         return out
 
@@ -216,27 +262,7 @@ class HashSlots:
         if len(keys) > pool.num_blocks:
             self.num_overflow += len(keys) - pool.num_blocks
             keys = keys[-pool.num_blocks:]
-        if keys:
-            got, evicted = pool.allocate(len(keys), step)
-            for slot in evicted:  # too few slots: the oldest resident blocks leave the view
-                self.slot_of.pop(self.key_of.pop(slot), None)
-            self.num_overflow += len(evicted)
-            if evicted:
-                events.append(ev.Event(ev.EVICTED, step, None, tuple(evicted), now,
-                                       detail="more resident blocks than slots"))
-            events.append(ev.Event(ev.ALLOCATED, step, None, tuple(got), now))
-            shorts, parents = [], []
-            for slot, key in zip(got, keys, strict=True):
-                h, p = slot_hashes(key, adds[key])
-                pool.cache(slot, _bytes(h), _bytes(p))
-                self.slot_of[key], self.key_of[slot] = slot, key
-                shorts.append(h)
-                parents.append(p)
-            events.append(ev.Event(ev.CACHED, step, None, tuple(got), now,
-                                   (*shorts, *parents)))
-            tail_first = got[::-1]
-            pool.release(tail_first, step)
-            events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now))
+        self._store(keys, adds, step, now, events)
         self._uncache(late, step, now, events)
         m = metrics or {}
         hits, queries = int(m.get("hits", 0)), int(m.get("queries", 0))

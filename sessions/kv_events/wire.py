@@ -16,10 +16,12 @@ import msgspec
 END_SEQ = b"\xff" * 8  # the replay stream's end marker (-1 as a signed 64-bit big-endian int)
 STORED, REMOVED, CLEARED = "BlockStored", "BlockRemoved", "AllBlocksCleared"
 
-# Positions in the array encoding (after the tag), in vLLM's field order; SGLang's
-# BlockStoredWithMetadata puts a {"cache_salt"} map where vLLM has lora_name.
+# Positions in the array encoding (after the tag), in vLLM's field order (0.33's BlockStored);
+# SGLang's BlockStoredWithMetadata puts a {"cache_salt"} map where vLLM has lora_name.
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                  "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind")
+                  "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                  "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+                  "lookahead_token_ids")
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -38,7 +40,8 @@ class Stored:
     group: int = 0
     lora_name: str | None = None
     cache_salt: str | None = None  # SGLang's metadata
-    spec_kind: str | None = None  # full_attention, sliding_window, mamba, ...
+    spec_kind: str | None = None  # the group's kind: full_attention, sliding_window, mamba, ...
+    sliding_window: int | None = None  # the group's window in tokens (sliding-window kinds)
     extra_keys: list | None = None  # per block, untagged (vLLM >= 0.17 publishes them)
     lookahead: list | None = None  # per block, the tokens after it that its hash covers (0.33)
 
@@ -105,9 +108,12 @@ def _event(raw):
         if isinstance(meta, dict):  # SGLang: {"cache_salt": ...}
             name, salt = None, meta.get("cache_salt")
         extra, ahead = f.get("extra_keys"), f.get("lookahead_token_ids")
+        kind, window = f.get("kv_cache_spec_kind"), f.get("kv_cache_spec_sliding_window")
         return Stored(hashes, parent, tokens, size, _medium(f), _group(f),
                       name if isinstance(name, str) else None, salt,
-                      f.get("kv_cache_spec_kind"), extra if isinstance(extra, list) else None,
+                      kind if isinstance(kind, str) else None,
+                      window if isinstance(window, int) and window > 0 else None,
+                      extra if isinstance(extra, list) else None,
                       ahead if isinstance(ahead, list) else None)
     if tag == REMOVED:
         f = _fields(raw, _REMOVED_FIELDS)
@@ -148,7 +154,7 @@ def encode_batch(batch: Batch, layout: str = "map") -> bytes:
 def _encode_event(e, layout: str):
     if isinstance(e, Stored):
         tag, values = STORED, (e.hashes, e.parent, e.token_ids, e.block_size, None, e.medium,
-                               e.lora_name, None, e.group)
+                               e.lora_name, None, e.group, e.spec_kind, e.sliding_window)
         names = _STORED_FIELDS
     elif isinstance(e, Removed):
         tag, values, names = REMOVED, (e.hashes, e.medium, e.group), _REMOVED_FIELDS

@@ -277,3 +277,42 @@ def test_attach_to_our_own_engine_publishing(bare, qtbot):
     assert h.lost == 0 and h.bad_messages == 0 and h.orphans == 0, h.lines()
     assert not w.banner.isVisible()
     assert batches > 0
+
+
+def test_a_hybrid_server_shows_its_groups(bare, qtbot, fake, tmp_path):
+    """Group 0 full attention, group 1 a window of 8 tokens: the view lists each group (index,
+    kind, window, resident blocks), a cell says its group, and the pool's snapshot carries the
+    groups and each slot's group."""
+    w = bare
+    attach_from_menu(w, qtbot, fake.endpoint)
+    fake.wait_subscribed(timeout_s=10)
+    full, window = dict(group=0, kind="full_attention"), dict(group=1, kind="sliding_window",
+                                                              window=8)
+    fake.send(0, batch([stored([1, 2, 3], None, **full), stored([1, 2, 3], None, **window)]))
+    fake.send(1, batch([stored([4], 3, **window), removed([1, 2], group=1)],
+                       layout="array"))
+    qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 5,
+                    timeout=5000)
+    groups = w.attach_view.groups
+    qtbot.waitUntil(lambda: "2 resident" in groups.text(), timeout=3000)
+    assert groups.isVisible()
+    assert groups.text().splitlines() == ["KV group 0: full attention · 3 resident blocks",
+                                          "KV group 1: sliding window 8 · 2 resident blocks"]
+    assert " · 2 KV groups · " in w.status.text()
+    snap = w.snapshot
+    assert [g.name for g in snap.groups] == ["full attention", "sliding window 8"]
+    held = np.flatnonzero(snap.state)
+    assert sorted(snap.block_group[held].tolist()) == [0, 0, 0, 1, 1]
+    # a click on a cell of group 1: Details names its group and kind
+    slot = int(held[snap.block_group[held] == 1][0])
+    pool = w.pool
+    at = pool.plot.mapFromScene(pool.plot.plotItem.vb.mapViewToScene(
+        QPointF(*pool.cell_center(slot))))
+    qtbot.mouseClick(pool.plot.viewport(), Qt.LeftButton, pos=at)
+    assert "· KV group 1 (sliding window 8) · GPU" in w.details.text.toPlainText()
+    w.resize(1280, 720)
+    qtbot.waitUntil(lambda: pool.title.text().startswith("<b>Hash slots</b>"), timeout=3000)
+    w.grab().save(str(tmp_path / "attach_groups.png"))
+    # File → Detach: the list goes with the attachment
+    w.act_detach.trigger()
+    assert not groups.isVisible()

@@ -189,6 +189,30 @@ def test_a_reset_clears_the_mirror_and_is_counted(server):
         att.close()
 
 
+def test_a_hybrid_model_is_mirrored_group_by_group():
+    """vLLM with a full-attention group and a 24-token sliding window (its
+    HybridKVCacheCoordinator): its stores name each group's kind and window, and the mirror
+    holds, group by group, the hashes (and copies) vLLM's pool holds."""
+    server = VllmServer(num_blocks=NUM_BLOCKS, windows=(24,))
+    att = attach(server.endpoint, server)
+    try:
+        traffic(server, 11)
+        traffic(server, 12, users=6)
+        cached = server.side.manager.block_pool.cached_block_hash_to_block._cache
+        theirs = {(vr.get_group_id(k), vr.maybe_convert_block_hash(vr.get_block_hash(k))):
+                  1 if isinstance(v, vr.KVCacheBlock) else len(v) for k, v in cached.items()}
+        wait_until(att, lambda: att.last == server.num_batches - 1)
+        ours = {(k[1], k[3]): entry[0] for k, entry in att.mirror.blocks.items()}
+        assert ours == theirs and {g for g, _ in theirs} == {0, 1}
+        assert att.mirror.specs == {(0, 0): ("full_attention", None),
+                                    (0, 1): ("sliding_window", 24)}
+        assert server.num_removed > 0
+        assert_clean(att)
+    finally:
+        att.close()
+        server.close()
+
+
 # ---------------------------------------------------------------------- what networks do
 def test_a_publisher_restart_rebuilds_the_mirror(server):
     att = attach(server.endpoint, server)

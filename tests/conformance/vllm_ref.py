@@ -20,7 +20,7 @@ NAMES = {
     "SamplingParams": "vllm.sampling_params",
     "sha256": "vllm.utils.hashing",
     "KVCacheManager": "vllm.v1.core.kv_cache_manager",
-    **dict.fromkeys(("KVCacheBlock", "get_block_hash", "get_request_block_hasher",
+    **dict.fromkeys(("KVCacheBlock", "get_block_hash", "get_group_id", "get_request_block_hasher",
                      "hash_block_tokens", "maybe_convert_block_hash"),
                     "vllm.v1.core.kv_cache_utils"),
     **dict.fromkeys(("FullAttentionSpec", "KVCacheConfig", "KVCacheGroupSpec",

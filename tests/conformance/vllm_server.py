@@ -36,10 +36,12 @@ def wait_free(*ports: int, timeout_s: float = 5.0) -> None:
 
 class VllmServer:
     def __init__(self, num_blocks: int = 64, block_size: int = 16, port: int | None = None,
-                 replay_port: int | None = None, topic: str = "", lookahead: int = 0):
+                 replay_port: int | None = None, topic: str = "", lookahead: int = 0,
+                 windows: tuple = ()):
+        """windows: KV-cache groups after a full-attention one, as sliding windows (VllmSide)."""
         self.port, self.replay_port = port or free_port(), replay_port or free_port()
         self.num_blocks, self.block_size, self.topic = num_blocks, block_size, topic
-        self.lookahead = lookahead
+        self.lookahead, self.windows = lookahead, windows
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.replay = f"tcp://127.0.0.1:{self.replay_port}"
         self.publisher = None
@@ -53,7 +55,7 @@ class VllmServer:
         self.pending: list = []
         self.sent: list = []  # every event published, in order
         self.side = VllmSide(self.num_blocks, self.block_size, on_events=self.pending.extend,
-                             lookahead=self.lookahead)
+                             lookahead=self.lookahead, windows=self.windows)
         self.num_batches = 0
         self.publisher = vr.ZmqEventPublisher(0, f"tcp://*:{self.port}",
                                               f"tcp://*:{self.replay_port}", topic=self.topic)

@@ -15,16 +15,22 @@ END = b"\xff" * 8
 
 
 def stored(hashes, parent, *, block_size=4, medium="GPU", group=None, layout="map", tokens=None,
-           lora_name=None, extra=None):
+           lora_name=None, extra=None, kind=None, window=None):
+    """kind, window: the group's kv_cache_spec_kind and kv_cache_spec_sliding_window (vLLM
+    0.33 sends both, the window None for a kind without one)."""
     tokens = tokens if tokens is not None else list(range(block_size * len(hashes)))
-    if layout == "array":  # v0.9 field order; group_idx sits after extra_keys
-        tail = [lora_name, None, group] if group is not None else [lora_name]
+    if layout == "array":  # v0.9 field order; group_idx, then the spec, after extra_keys
+        tail = [lora_name]
+        if group is not None or kind is not None:
+            tail += [None, group] + ([kind, window] if kind is not None else [])
         return ["BlockStored", hashes, parent, tokens, block_size, None, medium, *tail]
     e = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
          "token_ids": tokens, "block_size": block_size, "lora_id": None, "medium": medium,
          "lora_name": lora_name}
     if group is not None:
         e["group_idx"] = group
+    if kind is not None:
+        e["kv_cache_spec_kind"], e["kv_cache_spec_sliding_window"] = kind, window
     e.update(extra or {})
     return e
 
