@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from kvscope.engine.config import shown
 from kvscope.engine.models import ModelConfig, UnsupportedModelError, get_model_class, gguf
 from kvscope.engine.models.weights import (
     LoadedModel,
@@ -30,6 +31,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # stale buffers some old checkpoints carry
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+# Multimodal checkpoints whose text model kvscope runs: architecture -> (the text model's
+# architecture, transformers' config class for the text part, the text weights' prefixes as
+# published (transformers 5 writes the first) -> the text model's own; other tensors are
+# the vision tower's and are not read).
+MULTIMODAL = {"Gemma3ForConditionalGeneration": (
+    "Gemma3ForCausalLM", "Gemma3TextConfig",
+    {"language_model.model.": "model.", "model.language_model.": "model.",
+     "language_model.lm_head.": "lm_head.", "lm_head.": "lm_head."})}
+_TOP_LEVEL = ("bos_token_id", "eos_token_id", "dtype", "torch_dtype")  # kept from the outer config
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 # The built-in models: name -> (their folder in kvscope.resources, config.json fields over the
 # folder's). "demo-hybrid" runs the demo's weights as a Ministral: a 128-token window on layers
@@ -175,14 +185,50 @@ def model_fingerprint(path: str | os.PathLike, overrides: dict[str, Any] | None 
     return h.hexdigest()
 
 
-def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool) -> None:
+def text_model(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """A multimodal config.json's text model as a config.json of its own (its `text_config`
+    with transformers' defaults filled in: published files name only what differs), and the
+    renaming of its weights; any other config as it is, and None."""
+    archs = cfg.get("architectures")
+    arch = next((a for a in archs if a in MULTIMODAL), None) if isinstance(archs, list) else None
+    if arch is None:
+        return cfg, None
+    text_arch, config_class, prefixes = MULTIMODAL[arch]
+    text = cfg.get("text_config") or {}
+    if not isinstance(text, dict):
+        raise UnsupportedModelError(f"{arch}: text_config must be a JSON object, got "
+                                    f"{shown(text)}")
+    import transformers
+
+    try:
+        full = getattr(transformers, config_class)(**text).to_dict()
+    except Exception as e:  # transformers' own check of a field
+        raise UnsupportedModelError(f"{arch}: bad text_config: {str(e).splitlines()[0]}") \
+            from None
+    outer = {k: cfg[k] for k in _TOP_LEVEL if k in cfg}
+    return {**full, **outer, "architectures": [text_arch]}, prefixes
+
+
+def _renamed(key: str, prefixes: dict[str, str] | None) -> str | None:
+    """A checkpoint tensor's name in the text model (None: not the text model's)."""
+    if prefixes is None:
+        return key
+    for before, after in prefixes.items():
+        if key.startswith(before):
+            return after + key[len(before):]
+    return None
+
+
+def _check_weights(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool,
+                   prefixes: dict[str, str] | None = None) -> None:
     """Compare checkpoint tensor names and shapes (headers only) against the model."""
     found: dict[str, tuple[int, ...]] = {}
     for f in files:
         try:
             with safe_open(f, framework="pt") as sf:
                 for key in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    found[key] = tuple(sf.get_slice(key).get_shape())
+                    if (name := _renamed(key, prefixes)) is not None:
+                        found[name] = tuple(sf.get_slice(key).get_shape())
         except ModelLoadError:
             raise
         except Exception as e:
@@ -237,7 +283,7 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     if name not in BUILT_IN and Path(name).expanduser().is_dir():
         name = path.name
     try:
-        hf_config = {**read_config(path), **overrides}
+        hf_config, prefixes = text_model({**read_config(path), **overrides})
         config = ModelConfig.from_hf_dict(hf_config)
         model_cls = get_model_class(config.architecture)
     except UnsupportedModelError as e:
@@ -249,14 +295,14 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     dtype = resolve_dtype(dtype, config, device)
 
     model, expected = meta_model(model_cls, config)
-    _check_weights(files, expected, config.tie_word_embeddings)
+    _check_weights(files, expected, config.tie_word_embeddings, prefixes)
 
     state: dict[str, torch.Tensor] = {}
     for f in files:  # each tensor is read once, converted, and kept
         with safe_open(f, framework="pt", device=str(device)) as sf:
             for key in sf.keys():  # noqa: SIM118
-                if key in expected:
-                    state[key] = sf.get_tensor(key).to(dtype)
+                if (name := _renamed(key, prefixes)) in expected:
+                    state[name] = sf.get_tensor(key).to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.requires_grad_(False).eval()

@@ -60,6 +60,10 @@ BAD_CONFIGS = {  # id -> (change to config.json (None: replace it by a list), *w
                                "hidden_activation": "relu"},
                               "unsupported hidden_activation 'relu' for Gemma",
                               "only 'gelu_pytorch_tanh'"),
+    "gemma 3 text_config a list": ({"architectures": ["Gemma3ForConditionalGeneration"],
+                                    "text_config": [64]},
+                                   "Gemma3ForConditionalGeneration: text_config must be a JSON "
+                                   "object, got [64]"),
     "gemma softcap 0": ({"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 0},
                         "attn_logit_softcapping must be a number > 0, got 0"),
 }
