@@ -5,7 +5,8 @@ cells with their meaning as a tooltip. Also the blocks a finished request freed.
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QTextEdit, QToolTip
 
 from kvscope.app import palette
@@ -25,9 +26,19 @@ class BlockTableText(QTextEdit):
         super().__init__(parent)
         self.setReadOnly(True)
 
+    def tip_at(self, pos) -> str:
+        """The tooltip of the character at `pos` (viewport coordinates), "" for none."""
+        scrolled = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
+        hit = self.document().documentLayout().hitTest(QPointF(pos) + scrolled, Qt.ExactHit)
+        if hit < 0:
+            return ""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(hit + 1)  # a cursor's format is the one of the character before
+        return cursor.charFormat().toolTip()
+
     def viewportEvent(self, event) -> bool:  # noqa: N802 - Qt API
         if event.type() == QEvent.ToolTip:
-            tip = self.cursorForPosition(event.pos()).charFormat().toolTip()
+            tip = self.tip_at(event.pos())
             if tip:
                 QToolTip.showText(event.globalPos(), tip, self.viewport())
             else:
@@ -60,8 +71,13 @@ def _rows(groups, rows: list[str]) -> str:
     return "<br>".join(f"<b>{g.name}</b>: {row}" for g, row in zip(groups, rows, strict=True))
 
 
+GROUPS_TIP = ("One row per KV-cache group (the layers that share a block table): logical → "
+              "physical block; shared blocks in orange; ∅: released out of the sliding window")
+
+
 def table_html(snap: Snapshot, rid: int) -> tuple[str, str]:
-    """The title and the table(s) of a request that holds blocks."""
+    """The title and the table(s) of a request that holds blocks (the title's tooltip, several
+    groups: GROUPS_TIP)."""
     tables = snap.tables_of(rid)
     shared = sum(int(_shared(snap, t).sum()) for t in tables)
     if len(tables) == 1:
@@ -70,9 +86,8 @@ def table_html(snap: Snapshot, rid: int) -> tuple[str, str]:
     else:
         held = sum(int((t >= 0).sum()) for t in tables)
         nulls = sum(int((t < 0).sum()) for t in tables)
-        title = (f"Block tables of #{rid}, one per KV-cache group: {held} blocks, {shared} "
-                 f"shared, {nulls} released out of a window (logical → physical; shared in "
-                 f"orange; ∅ released)")
+        title = (f"Block tables of #{rid}: {held} blocks, {shared} shared, {nulls} released "
+                 "out of the window (∅)")
     return title, _rows(snap.groups, [_row(snap, t) for t in tables])
 
 

@@ -7,7 +7,7 @@ block holds KV: held, or cached (a released sliding-window block keeps its hash)
 holds nothing of any group: it has no mark, and the filter fades it with the other groups'.
 
 The marks and the fade are two images over the cells (one drawImage each, as the cells'), never
-an item per cell: a mark is a white corner triangle, half a cell on each side, drawn on a grid of
+an item per cell: a mark is a white corner triangle, 5/8 of a cell on each side, drawn on a grid of
 mark_subcells² pixels per cell, one corner per sliding-window group (full attention has none)."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def mark_subcells(num_blocks: int) -> int:
 def mark_patterns(k: int) -> np.ndarray:
     """bool [1 + len(MARK_GLYPHS), k, k]: no mark, then each corner's triangle."""
     i, j = np.mgrid[:k, :k]
-    corner = i + j < k // 2
+    corner = i + j < k * 5 // 8
     return np.stack([np.zeros((k, k), bool), corner, corner[:, ::-1], corner[::-1, :],
                      corner[::-1, ::-1]])
 
@@ -137,10 +137,10 @@ class GroupLayers:
     def __init__(self, plot):
         self.marks = pg.ImageItem(axisOrder="row-major")
         self.marks.setLookupTable(_lut(MARK_RGBA))
-        self.marks.setZValue(0.5)  # over the cells, under the fade, the gaps and the outlines
+        self.marks.setZValue(2.5)  # over the outlines (a selected block keeps its mark)
         self.fade = pg.ImageItem(axisOrder="row-major")
         self.fade.setLookupTable(_lut(FADE_RGBA))
-        self.fade.setZValue(0.7)
+        self.fade.setZValue(2.7)  # over everything of the groups not chosen
         for item in (self.marks, self.fade):
             plot.addItem(item)
         self._marks_key: tuple | None = None

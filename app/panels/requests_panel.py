@@ -23,6 +23,7 @@ from kvscope.app import palette
 from kvscope.app.frames import Frame, RequestRow, admitted
 from kvscope.app.freed_tables import FreedTable
 from kvscope.app.panels.block_table_view import (
+    GROUPS_TIP,
     WAITING_COLOR,
     BlockTableText,
     freed_html,
@@ -316,6 +317,7 @@ class RequestsPanel(QWidget):
         self._table_shown = shown
         title, html = table_html(snap, rid)
         self.block_table_title.setText(title)
+        self.block_table_title.setToolTip(GROUPS_TIP if len(snap.groups) > 1 else "")
         self.block_table.setHtml(html)
 
     def _row(self, rid: int | None) -> RequestRow | None:

@@ -23,7 +23,7 @@ from kvscope.engine import KVCacheManager
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED
 
 WHITE = (255, 255, 255)
-CORNER = (-0.32, -0.32)  # inside the top-left triangle (half a cell on each side)
+CORNER = (-0.33, -0.33)  # well inside the top-left triangle (5/8 of a cell on each side)
 FADE_ALPHA = 200 / 255
 
 
