@@ -86,8 +86,7 @@ def table_html(snap: Snapshot, rid: int) -> tuple[str, str]:
     else:
         held = sum(int((t >= 0).sum()) for t in tables)
         nulls = sum(int((t < 0).sum()) for t in tables)
-        title = (f"Block tables of #{rid}: {held} blocks, {shared} shared, {nulls} released "
-                 "out of the window (∅)")
+        title = f"Block tables of #{rid}: {held} blocks, {shared} shared, {nulls} released (∅)"
     return title, _rows(snap.groups, [_row(snap, t) for t in tables])
 
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, explain_group
-from kvscope.app.panels.pool_view import describe_block
+from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.selection import Selection
 
 HOW_TO_READ = (

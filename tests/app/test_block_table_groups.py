@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QApplication, QToolTip
 from test_pool_groups import CORNER
 from test_requests_reuse import click
 from test_side_panels_fit import LARGE, SMALL, laid_out_window
+from window_testutil import shown
 
 from kvscope.app.frames import Frame, RequestRow
 from kvscope.app.panels.block_table_view import NULL_TIP
@@ -27,12 +28,7 @@ SHOTS = os.environ.get("KVSCOPE_GROUP_SHOTS", "/tmp/win-pool-shots")
 
 @pytest.fixture
 def panel(qtbot):
-    panel = RequestsPanel()
-    qtbot.addWidget(panel)
-    panel.resize(700, 500)
-    panel.show()
-    qtbot.waitExposed(panel)
-    return panel
+    return shown(qtbot, RequestsPanel(), (700, 500))
 
 
 def point_at(text_edit, offset: int) -> QPoint:
@@ -65,8 +61,7 @@ def test_one_row_per_group_with_the_windows_nulls_drawn(panel, qtbot):
     assert nulls == 6
     title = panel.block_table_title.text()
     held = len(full) + len(window) - nulls
-    assert title == (f"Block tables of #0: {held} blocks, 4 shared, {nulls} released out of "
-                     "the window (∅)")
+    assert title == f"Block tables of #0: {held} blocks, 4 shared, {nulls} released (∅)"
     assert "One row per KV-cache group" in panel.block_table_title.toolTip()
     # a null explains itself on hover; a block does not
     text = panel.block_table.toPlainText()
