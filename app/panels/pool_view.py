@@ -150,6 +150,7 @@ class PoolView(QWidget):
         self.evicted = np.zeros(0, dtype=np.int64)
         self.evicted_outline.setData([], [])
         self.title.setText("<b>Block pool</b>")
+        self.group_filter.set_groups(())  # hidden until a snapshot names its groups
         self.group_layers.show(None, self.cols, None)
         self._describe_hovered()
 
