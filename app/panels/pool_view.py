@@ -151,6 +151,7 @@ class PoolView(QWidget):
         self.evicted_outline.setData([], [])
         self.title.setText("<b>Block pool</b>")
         self.group_filter.set_groups(())  # hidden until a snapshot names its groups
+        self.legend.setText(self._legend_html(self._cached_term))
         self.group_layers.show(None, self.cols, None)
         self._describe_hovered()
 
