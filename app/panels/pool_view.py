@@ -191,13 +191,12 @@ class PoolView(QWidget):
             counts = group_counts(s) if len(s.groups) > 1 else None
             title = pool_title(s, len(self.evicted), self._title_form, self.group_filter.chosen,
                                counts)
-            if counts:  # every group's counts, whatever the title's form shows
-                tip = f"{TITLE_TIP}.\n\n" + groups_line([g.name for g in s.groups], counts,
-                                                         None, 0)
-                if tip != self.title.toolTip():
-                    self.title.setToolTip(tip)
-            elif self.title.toolTip().startswith(f"{TITLE_TIP}.\n"):  # a model of one group now
-                self.title.setToolTip(TITLE_TIP)
+            tip = self.title.toolTip()
+            if tip.startswith(TITLE_TIP):  # (not another source's words: attach's)
+                new = TITLE_TIP if not counts else f"{TITLE_TIP}.\n\n" + groups_line(
+                    [g.name for g in s.groups], counts, None, 0)  # whatever the form shows
+                if new != tip:
+                    self.title.setToolTip(new)
             if title != self.title.text():
                 lines = self.title.text().count("<br>")
                 self.title.setText(title)

@@ -169,3 +169,14 @@ def test_a_selected_request_is_outlined_in_every_group_and_a_click_selects_its_o
     text = details.text.toPlainText()
     assert f"block {window_block} · active · ref 1 · sliding window 8" in text
     assert "attends only the last 8 tokens" in text
+
+
+def test_the_title_tooltip_gives_every_groups_counts(hybrid):
+    view, _, mgr, snap, _, _ = hybrid
+    view.group_filter.setCurrentIndex(2)  # the title counts one group; the tooltip both
+    tip = view.title.toolTip()
+    for g, name in ((0, "full attention"), (1, "sliding window 8")):
+        a, _, c = counts(snap, g)
+        assert f"{name}: {a} active, {c} cached" in tip
+    view.set_snapshot(KVCacheManager(64, 4).snapshot())
+    assert "full attention" not in view.title.toolTip()
