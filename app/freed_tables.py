@@ -22,12 +22,18 @@ _DROPPED = (ev.EVICTED, ev.RESET, ev.UNCACHED)
 
 @dataclass(frozen=True)
 class FreedTable:
-    """A request's blocks when it freed them (table order), and each one's hash then (0: its
-    last, partial block: never cached)."""
+    """A request's blocks when it freed them (table order, group after group: a sliding-window
+    group's nulls are not among them), each one's hash then (0: its last, partial block: never
+    cached), and each one's KV-cache group."""
 
     step: int
     blocks: np.ndarray
     hashes: np.ndarray
+    group: np.ndarray  # int64 per block
+
+    def joined(self, other: FreedTable) -> FreedTable:
+        return FreedTable(self.step, *(np.concatenate([getattr(self, f), getattr(other, f)])
+                                       for f in ("blocks", "hashes", "group")))
 
     def kept(self, snap: Snapshot) -> np.ndarray:
         """Per block, whether the pool still holds its KV (the same hash: cached, or in use by
@@ -92,11 +98,15 @@ class FreedTables:
             elif kind == ev.FREED:
                 if e.request_id is not None:
                     table = e.blocks[::-1]  # freed tail first
-                    tables.pop(e.request_id, None)
-                    tables[e.request_id] = FreedTable(
+                    freed = FreedTable(
                         e.step, np.asarray(table, dtype=np.int64),
                         np.fromiter((hashes.get(b, 0) for b in table), dtype=np.uint64,
-                                    count=len(table)))
+                                    count=len(table)), np.full(len(table), e.group))
+                    last = tables.pop(e.request_id, None)
+                    if (last is not None and last.step == e.step
+                            and e.group > last.group.max(initial=-1)):
+                        freed = last.joined(freed)  # the same release, its next group
+                    tables[e.request_id] = freed
             elif kind in _DROPPED:
                 for b in e.blocks:
                     hashes.pop(b, None)

@@ -45,9 +45,11 @@ class Selection(QObject):
             self.select(request=rid, blocks=())
 
     def select_block(self, block: int | None, snap=None) -> None:
-        """One block; its lowest-numbered owner in `snap` becomes the selected request."""
+        """One block; its lowest-numbered owner in `snap` (in any KV-cache group's tables)
+        becomes the selected request."""
         owners = [] if snap is None or block is None else [
-            r for r, t in snap.block_tables.items() if block in t]
+            r for group in (snap.block_tables, *snap.more_tables) for r, t in group.items()
+            if block in t]
         self.select(request=min(owners) if owners else None,
                     blocks=() if block is None else (int(block),))
 
@@ -66,12 +68,14 @@ class Selection(QObject):
             self.select_step(step)
 
     def highlighted(self, snap) -> np.ndarray:
-        """The blocks to outline in `snap`: those picked by hand, else the request's table, else
-        the blocks it freed (finished) that still hold its KV."""
+        """The blocks to outline in `snap`: those picked by hand, else the request's tables (every
+        KV-cache group's; a window's nulls are no blocks), else the blocks it freed (finished)
+        that still hold its KV."""
         if self.blocks:
             return np.asarray(self.blocks, dtype=np.int64)
         if snap is None:
             return np.zeros(0, dtype=np.int64)
         if self.request in snap.block_tables:
-            return np.asarray(snap.block_tables[self.request], dtype=np.int64)
+            blocks = np.concatenate(snap.tables_of(self.request)).astype(np.int64)
+            return blocks[blocks >= 0]
         return self.freed.still_held(self.request, snap)

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.frames import Frame
-from kvscope.app.panels.pool_view import describe_block
+from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, explain_group
+from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.selection import Selection
 
 HOW_TO_READ = (
@@ -104,10 +105,15 @@ class DetailsPanel(QWidget):
 
     def _describe_block(self, blocks) -> None:
         """One block picked (a click in the pool or the tree): what it holds at this step, and
-        a link to the step that last used it."""
-        if len(blocks) == 1 and self.snapshot is not None:
+        a link to the step that last used it; with several KV-cache groups, what its group
+        keeps."""
+        snap = self.snapshot
+        if len(blocks) == 1 and snap is not None:
             block = blocks[0]
-            body = describe_block(self.snapshot, block)
+            body = describe_block(snap, block)
+            group = block_groups(snap)[block] if len(snap.groups) > 1 else NO_GROUP
+            if group != NO_GROUP:
+                body += "<br>" + explain_group(snap.groups[group])
             last = int(self.snapshot.last_use[block])
             if last >= 0:
                 body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'

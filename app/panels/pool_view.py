@@ -2,7 +2,8 @@
 
 Selected blocks (the selected request's table, or a clicked block) get an outline drawn by one
 ScatterPlotItem of hollow squares: an outline, never a new fill colour; so do the blocks evicted
-during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart."""
+during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart. A model with
+several KV-cache groups gets their marks, a group filter and counts (pool_groups)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QFont, QFontMetricsF
-from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
+from kvscope.app.panels.pool_groups import (
+    MARK_GLYPHS,
+    GroupFilter,
+    GroupLayers,
+    group_counts,
+    groups_line,
+    mark_index,
+)
+from kvscope.app.panels.pool_text import TITLE_TIP, describe_block, pool_title
 from kvscope.app.selection import Selection
-from kvscope.engine.snapshot import CACHED, STATE_NAMES, Snapshot
+from kvscope.engine.snapshot import Snapshot
 
 GAP_MIN_PX = 4  # cells at least this wide get a 1 px gap between them
 
@@ -25,52 +35,6 @@ GAP_MIN_PX = 4  # cells at least this wide get a 1 px gap between them
 def grid_columns(num_blocks: int, aspect: float = 1.5) -> int:
     """Columns that make square cells fill a view of this width/height ratio."""
     return int(min(512, max(8, round(np.sqrt(num_blocks * max(aspect, 0.2))))))
-
-
-def describe_block(s: Snapshot, block: int, cell: str = "block") -> str:
-    """One line about a block in a snapshot: state, ref count, owners, tokens, hash, last use.
-    `cell` names it ("hash slot" when attached to a server)."""
-    owners = [rid for rid, t in s.block_tables.items() if block in t]
-    text = (f"{cell} {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
-    if owners:
-        rid = min(owners)
-        index = int(np.flatnonzero(s.block_tables[rid] == block)[0])
-        first = index * s.block_size
-        text += (" · owners " + " ".join(f"#{r}" for r in sorted(owners))
-                 + f" · tokens {first}–{first + s.block_size - 1} of #{rid}")
-    elif s.state[block] == CACHED:
-        first = chain_depth(s, block) * s.block_size
-        text += f" · tokens {first}–{first + s.block_size - 1} of its prefix"
-    if s.block_hash[block]:
-        text += f" · hash {int(s.block_hash[block]):016x}"[:22] + "…"
-    if s.last_use[block] >= 0:
-        text += f" · last use s{s.last_use[block]}"
-    return text
-
-
-def chain_depth(s: Snapshot, block: int) -> int:
-    """Blocks before this one in its hash chain, as far as the pool still holds them (a chain
-    whose parent is gone starts at the block, as the prefix tree draws it)."""
-    by_hash = {int(h): b for b, h in enumerate(s.block_hash.tolist()) if h}
-    depth, parent = 0, int(s.parent_hash[block])
-    while parent in by_hash and depth < len(by_hash):
-        depth, parent = depth + 1, int(s.parent_hash[by_hash[parent]])
-    return depth
-
-
-def pool_title(s: Snapshot, evicted: int, form: int = 0) -> str:
-    """The pool's title with its counts. form 0: one line; 1: the pool's size on the first
-    line, the counts on the second; 2: the same, "this step" left to the tooltip."""
-    size = f"{s.num_blocks} blocks of {s.block_size} tokens"
-    counts = (f"{s.num_active_blocks} active ({s.num_shared_blocks} shared) · "
-              f"{s.num_cached_blocks} cached · {s.num_free_blocks} free · {evicted} evicted")
-    return (f"<b>Block pool</b> · {size}{'<br>' if form else ' · '}{counts}"
-            + ("" if form == 2 else " this step"))
-
-
-TITLE_TIP = ("Blocks of the pool by state: active (held by at least one request; shared: by two "
-             "or more), cached (no request holds it, its hash is kept for reuse), free (no "
-             "hash), and the cached blocks evicted during the step shown")
 
 
 class PoolView(QWidget):
@@ -116,8 +80,12 @@ class PoolView(QWidget):
         self.title = QLabel("<b>Block pool</b>")
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.title.setToolTip(TITLE_TIP)
+        self.group_filter = GroupFilter()
+        self.group_filter.group_chosen.connect(self._on_group_chosen)
+        self.group_layers = GroupLayers(self.plot)
         self._title_form = 0  # pool_title's form that fits the width (see _fit_title)
         self.cell = "block"  # what a cell is called (set_terms)
+        self._cached_term = "darker = evicted sooner"  # what cached shades mean (set_terms)
         self.hover_label = QLabel(self._hint())
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self._mouse = None  # where the mouse is over the pool (scene), None: elsewhere
@@ -127,7 +95,11 @@ class PoolView(QWidget):
         self.legend.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.addWidget(self.title)
+        header = QHBoxLayout()
+        header.setContentsMargins(0, 0, 0, 0)
+        header.addWidget(self.title, 1)
+        header.addWidget(self.group_filter)
+        layout.addLayout(header)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.legend)
         layout.addWidget(self.hover_label)
@@ -144,21 +116,24 @@ class PoolView(QWidget):
     def set_terms(self, cell: str = "block", cached: str = "darker = evicted sooner") -> None:
         """What a cell is called and what the shades of cached mean (attached to a server:
         "hash slot", "darker = stored earlier"; physical block ids are not published)."""
-        self.cell = cell
-        self.legend.setText(self._legend_html(cached))
+        self.cell, self._cached_term = cell, cached
+        self.legend.setText(self._legend_html(cached, self.group_filter.groups))
         self._describe_hovered()
 
     @staticmethod
-    def _legend_html(cached: str = "darker = evicted sooner") -> str:
+    def _legend_html(cached: str = "darker = evicted sooner", groups: tuple = ()) -> str:
         def sw(color, text, glyph="■"):
             return f'<span style="color:{color}; font-size:large;">{glyph}</span>&nbsp;{text}' \
                    "&nbsp;&nbsp;&nbsp;"
+        marks = [sw(palette.ACTIVE_COLOR, f"white corner: a block of {g.name}", MARK_GLYPHS[m])
+                 for g, m in zip(groups, mark_index(groups).tolist(), strict=True) if m >= 0]
         return "".join([sw("#aaaaaa", "free", "□"), sw(palette.ACTIVE_COLOR, "active"),
                         sw(palette.SHARED_COLOR, "shared (deeper = more owners)"),
                         sw(palette.CACHED_COLOR, f"cached ({cached})"),
                         sw(palette.EVICTED_COLOR, "evicted this step", "□"),
                         sw("#000000", "selected", "□"),
-                        sw(palette.DEAD_OUTLINE, "dead: cached, unreachable", "⬚")])
+                        sw(palette.DEAD_OUTLINE, "dead: cached, unreachable", "⬚"),
+                        *(marks if len(groups) > 1 else [])])
 
     # ----------------------------------------------------------------- render
     def show_frame(self, frame: Frame) -> None:
@@ -175,6 +150,9 @@ class PoolView(QWidget):
         self.evicted = np.zeros(0, dtype=np.int64)
         self.evicted_outline.setData([], [])
         self.title.setText("<b>Block pool</b>")
+        self.group_filter.set_groups(())  # hidden until a snapshot names its groups
+        self.legend.setText(self._legend_html(self._cached_term))
+        self.group_layers.show(None, self.cols, None)
         self._describe_hovered()
 
     def _on_selection(self, *_) -> None:
@@ -192,6 +170,10 @@ class PoolView(QWidget):
         self.image.setImage(grid.reshape(rows, self.cols), autoLevels=False, levels=(0, 255))
         self.evicted = gone = np.asarray(evicted if evicted is not None else [], dtype=np.int64)
         self.evicted_outline.setData(x=(gone % self.cols) + 0.5, y=(gone // self.cols) + 0.5)
+        if self.group_filter.set_groups(snap.groups):  # another model: all groups again
+            self.legend.setText(self._legend_html(self._cached_term, snap.groups))
+            resized = True  # the title's room and lines change
+        self.group_layers.show(snap, self.cols, self.group_filter.chosen)
         if resized:
             self._fit_title()
         self._show_title()
@@ -204,8 +186,17 @@ class PoolView(QWidget):
         self._draw_gaps()
         self._describe_hovered()  # the block under the mouse, as it is at this step
     def _show_title(self) -> None:
-        if self.snapshot is not None:
-            title = pool_title(self.snapshot, len(self.evicted), self._title_form)
+        s = self.snapshot
+        if s is not None:
+            counts = group_counts(s) if len(s.groups) > 1 else None
+            title = pool_title(s, len(self.evicted), self._title_form, self.group_filter.chosen,
+                               counts)
+            tip = self.title.toolTip()
+            if tip.startswith(TITLE_TIP):  # (not another source's words: attach's)
+                new = TITLE_TIP if not counts else f"{TITLE_TIP}.\n\n" + groups_line(
+                    [g.name for g in s.groups], counts, None, 0)  # whatever the form shows
+                if new != tip:
+                    self.title.setToolTip(new)
             if title != self.title.text():
                 lines = self.title.text().count("<br>")
                 self.title.setText(title)
@@ -221,14 +212,19 @@ class PoolView(QWidget):
         widest = s.num_blocks
         probe = dataclasses.replace(s, num_free_blocks=widest, num_active_blocks=widest,
                                     num_cached_blocks=widest, num_shared_blocks=widest)
+        counts = [(widest,) * 3] * len(s.groups)
         bold = QFont(self.title.font())
         bold.setBold(True)
         margins = self.layout().contentsMargins()
-        metrics, room = QFontMetricsF(bold), self.width() - margins.left() - margins.right()
-        form = 2
+        room = self.width() - margins.left() - margins.right()
+        if self.group_filter.isVisibleTo(self):
+            room -= self.group_filter.sizeHint().width() + self.layout().spacing()
+        metrics, form = QFontMetricsF(bold), 2
         for form in range(3):
-            lines = pool_title(probe, widest, form).replace("<b>", "").replace("</b>", "")
-            if max(metrics.horizontalAdvance(line) for line in lines.split("<br>")) <= room:
+            lines = [line for g in (None, *range(len(s.groups) if len(s.groups) > 1 else 0))
+                     for line in pool_title(probe, widest, form, g, counts).replace(
+                         "<b>", "").replace("</b>", "").split("<br>")]
+            if max(metrics.horizontalAdvance(line) for line in lines) <= room:
                 break
         if form != self._title_form:
             self._title_form = form
@@ -270,6 +266,10 @@ class PoolView(QWidget):
         x = np.concatenate([np.repeat(cols, 2), np.tile([0.0, self.cols], rows + 1)])
         y = np.concatenate([np.tile([0.0, rows], self.cols + 1), np.repeat(rws, 2)])
         self.gaps.setData(x, y)
+
+    def _on_group_chosen(self, group: int | None) -> None:
+        self.group_layers.show(self.snapshot, self.cols, group)
+        self._show_title()
 
     def _on_manual_range(self, *_) -> None:
         self.auto_fit = False

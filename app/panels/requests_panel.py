@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QStyle,
     QStyledItemDelegate,
     QTableView,
-    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -23,6 +22,14 @@ from PySide6.QtWidgets import (
 from kvscope.app import palette
 from kvscope.app.frames import Frame, RequestRow, admitted
 from kvscope.app.freed_tables import FreedTable
+from kvscope.app.panels.block_table_view import (
+    GROUPS_TIP,
+    WAITING_COLOR,
+    BlockTableText,
+    freed_html,
+    table_html,
+    table_key,
+)
 from kvscope.app.panels.text_panel import CACHED_BG, COMPUTED_BG
 from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import Snapshot
@@ -48,7 +55,6 @@ COLUMNS = [
 BAR = 3  # "cached": the number on a reused | computed bar (no column of its own: at 1280 px
 #          the table must fit its width, or a scroll bar takes a row's height)
 REUSED_COLOR, COMPUTED_COLOR = CACHED_BG, COMPUTED_BG  # the text view's shades
-WAITING_COLOR = "#a0a0a0"
 
 
 DISPLAY, ALIGNMENT, FOREGROUND, TOOLTIP = (int(r) for r in (
@@ -197,8 +203,7 @@ class RequestsPanel(QWidget):
         self.cancel_button.clicked.connect(lambda: self._emit_for_selected(self.cancel_requested))
         self.explain_button.clicked.connect(
             lambda: self._emit_for_selected(self.explain_requested))
-        self.block_table = QTextEdit()
-        self.block_table.setReadOnly(True)
+        self.block_table = BlockTableText()
         self.block_table.setPlaceholderText("Select a request to see its block table")
         buttons = QHBoxLayout()
         buttons.addWidget(self.cancel_button)
@@ -306,18 +311,14 @@ class RequestsPanel(QWidget):
                 self.block_table_title.setText("Block table")
                 self.block_table.setPlainText(note)
             return
-        table = snap.block_tables[rid]
-        shared = snap.ref_count[table] >= 2
-        shown = (rid, table.tobytes(), shared.tobytes())
+        shown = table_key(snap, rid)
         if shown == self._table_shown:
             return
         self._table_shown = shown
-        cells = [f"<b style='color:{palette.SHARED_COLOR}'>{i}→{b}</b>" if s else f"{i}→{b}"
-                 for i, (b, s) in enumerate(zip(table.tolist(), shared.tolist(), strict=True))]
-        self.block_table_title.setText(
-            f"Block table of #{rid}: {len(table)} blocks, {int(shared.sum())} shared "
-            f"(logical → physical; shared in orange)")
-        self.block_table.setHtml(" ".join(cells))
+        title, html = table_html(snap, rid)
+        self.block_table_title.setText(title)
+        self.block_table_title.setToolTip(GROUPS_TIP if len(snap.groups) > 1 else "")
+        self.block_table.setHtml(html)
 
     def _row(self, rid: int | None) -> RequestRow | None:
         for r in reversed(self.model.rows):
@@ -332,20 +333,10 @@ class RequestsPanel(QWidget):
         rid, table = row.request_id, freed.blocks
         b = freed.counts(snap)
         shown = ("freed", rid, row.state, table.tobytes(), b["cached"].tobytes(),
-                 b["in_use"].tobytes())
+                 b["in_use"].tobytes(), freed.group.tobytes(), len(snap.groups))
         if shown == self._table_shown:
             return
         self._table_shown = shown
-        cells = []
-        for i, block in enumerate(table.tolist()):
-            if b["cached"][i]:
-                cells.append(f"<b style='color:{palette.CACHED_COLOR}'>{i}→{block}</b>")
-            elif b["in_use"][i]:
-                cells.append(f"<b style='color:{palette.SHARED_COLOR}'>{i}→{block}</b>")
-            elif b["gone"][i]:
-                cells.append(f"<s style='color:{WAITING_COLOR}'>{i}→{block}</s>")
-            else:
-                cells.append(f"<span style='color:{WAITING_COLOR}'>{i}→{block}·</span>")
         n_keep, partial = int(b["kept"].sum()), int(b["partial"].sum())
         did = "finished" if row.state.startswith("finished") else "freed its blocks (preempted)"
         self.block_table_title.setText(
@@ -357,4 +348,4 @@ class RequestsPanel(QWidget):
             "green, still cached (a later prompt with the same prefix reuses it); orange, in use "
             "by other requests; struck out, evicted (its hash dropped, the block reused or "
             "freed); grey with a dot, its last, partial block (never cached)")
-        self.block_table.setHtml(" ".join(cells))
+        self.block_table.setHtml(freed_html(snap, freed))

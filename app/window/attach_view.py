@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
-from kvscope.app.panels.pool_view import TITLE_TIP
+from kvscope.app.panels.pool_text import TITLE_TIP
 from kvscope.engine import events as ev
 from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS, group_lines
 

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QApplication
 from window_testutil import bare_window, open_replay, step
 
 from kvscope.app import palette
-from kvscope.app.panels.pool_view import describe_block
+from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.panels.prefix_tree_panel import HINT, node_text
 from kvscope.app.panels.text_panel import TICK, TICK_COLOR
 from kvscope.app.prefix_tree import build_tree, walk

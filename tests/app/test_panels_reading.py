@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QSettings, Qt
-from window_testutil import LOAD_TIMEOUT_MS
+from window_testutil import LOAD_TIMEOUT_MS, shown
 
 from kvscope.app.frames import RequestRow
 from kvscope.app.panels.details import DetailsPanel
@@ -33,11 +33,7 @@ def test_finished_states_are_short_with_the_full_reason_as_tooltip(qtbot):
 
 
 def test_the_table_follows_new_requests_unless_the_user_scrolled_up(qtbot):
-    panel = RequestsPanel()
-    qtbot.addWidget(panel)
-    panel.resize(500, 300)
-    panel.show()
-    qtbot.waitExposed(panel)
+    panel = shown(qtbot, RequestsPanel(), (500, 300))
     table = panel.table
 
     def visible(r: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from image_compare import to_array
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from window_testutil import step
+from window_testutil import shown, step
 
 from kvscope.app.frames import RequestRow
 from kvscope.app.panels.requests_panel import (
@@ -45,11 +45,7 @@ def click(panel, qtbot, row: int, column: int = 0) -> None:
 
 
 def test_each_row_has_a_reused_computed_bar(qtbot):
-    panel = RequestsPanel()
-    qtbot.addWidget(panel)
-    panel.resize(900, 300)
-    panel.show()
-    qtbot.waitExposed(panel)
+    panel = shown(qtbot, RequestsPanel(), (900, 300))
     panel.set_rows([RequestRow(0, "decode", 100, 0, 3, None, None, None, None, ""),
                     RequestRow(1, "decode", 100, 75, 3, None, None, None, None, ""),
                     RequestRow(2, "waiting", 100, 0, 0, None, None, None, None, "")])

@@ -43,6 +43,15 @@ def open_replay(qtbot, tmp_path, session, size=(1400, 900)) -> MainWindow:
     return w
 
 
+def shown(qtbot, widget: QWidget, size: tuple[int, int]) -> QWidget:
+    """`widget` on its own, shown at a size."""
+    qtbot.addWidget(widget)
+    widget.resize(*size)
+    widget.show()
+    qtbot.waitExposed(widget)
+    return widget
+
+
 def beside_a_label(qtbot, widget: QWidget, size: tuple[int, int]) -> tuple[QWidget, QLabel]:
     """Shows `widget` above a label (somewhere for the mouse to leave to) in a box: (box, label).
     Keep the box: the widgets are deleted with it."""
