@@ -187,3 +187,28 @@ def test_replay_turns_off_the_engine_buttons_and_its_bar_takes_their_keys(
     qtbot.mouseClick(bar.leave_button, Qt.LeftButton)  # back to live (the demo model loads)
     assert [b.isEnabled() for b in engine_buttons] == [True, True, True, False, True]  # newest
     w.close()
+
+
+def test_run_demo_on_demo_hybrid_plays_the_long_context_demo_and_the_window_frees_blocks(
+        qtbot, tmp_path):
+    """demo-hybrid, picked from the Model list: F5 plays long_context.jsonl, and the pool soon
+    shows both groups, with blocks the window released (cached, a null in the table)."""
+    w = bare_window(qtbot, tmp_path)
+    w.pace_box.setValue(0)
+    pick(qtbot, w.model_box, "demo-hybrid (sliding window 128 on half the layers)")
+    loaded(qtbot, w, "demo-hybrid")
+    w.setFocus()
+    qtbot.keyClick(w, Qt.Key_F5)
+    qtbot.waitUntil(lambda: "long_context.jsonl" in w.status.text(), timeout=5000)
+
+    def released() -> bool:
+        s = w.snapshot
+        return s is not None and len(s.groups) == 2 and any(
+            (t == -1).any() for t in s.more_tables[0].values())
+
+    qtbot.waitUntil(released, timeout=20_000)
+    s = w.snapshot
+    assert [g.name for g in s.groups] == ["full attention", "sliding window 128"]
+    assert "sliding window 128" in w.pool.title.text()
+    w.engine_client.pause()
+    w.close()
