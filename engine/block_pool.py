@@ -109,6 +109,16 @@ class BlockPool:
         available, cached = len(self._free) + len(self._cached), len(self._cached)
         return BlockCounts(available - cached, self.num_blocks - available, cached)
 
+    def group_counts(self, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks held (ref count >= 1) and cached (ref count 0, hash kept) in each KV-cache
+        group, each block counted in the group that last allocated it."""
+        group = np.array(self.group, dtype=np.intp)
+        held = np.array(self.ref_count) > 0
+        cached = ~held & np.fromiter((h is not None for h in self.block_hash), bool,
+                                     self.num_blocks)
+        return (np.bincount(group[held], minlength=num_groups),
+                np.bincount(group[cached], minlength=num_groups))
+
     def eviction_order(self) -> list[int]:
         """Every block with ref count 0, in the order they would be reused (a copy)."""
         return [*self._free, *self._cached.order()]

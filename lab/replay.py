@@ -1,7 +1,8 @@
 """A sequential what-if run, step by step, for a viewer that shows it like a session: a trace
-through the real `KVCacheManager` at one pool size and policy, one step per request. At step i
-request i is admitted (its prompt's blocks, held as running) and it is freed when step i+1
-begins; hits, evictions and miss explanations are the manager's own.
+through the real `KVCacheManager` at one pool size and policy (and KV-cache groups: by default
+the trace's), one step per request. At step i request i is admitted (its prompt's blocks, held
+as running) and it is freed when step i+1 begins; hits, evictions and miss explanations are the
+manager's own.
 
 `WhatIfReplay.run()` is the one pass that gives every step's record, the events, the dead-cache
 count (sampled) and each request's explanation; it reports progress and can be cancelled (it
@@ -26,6 +27,7 @@ from kvscope.engine.block_pool import BlockPool
 from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.kv_groups import KVGroup
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import CacheCounters, Snapshot
 from kvscope.lab.traces import Trace
@@ -54,10 +56,12 @@ class _Cursor:
 
 class WhatIfReplay:
     def __init__(self, trace: Trace, pool_blocks: int, block_size: int = 16,
-                 policy: str = "lru", keep_events: int | None = None):
+                 policy: str = "lru", keep_events: int | None = None,
+                 groups: tuple[KVGroup, ...] | None = None):
         trace.check_block_size(block_size)
         self.trace, self.pool_blocks, self.block_size, self.policy = (
             trace, pool_blocks, block_size, policy)
+        self.groups = trace.groups if groups is None else groups
         self.keep_events = keep_events  # the pass keeps the last this many events (None: all)
         self.num_steps = len(trace.requests)
         self.records: list[StepRecord] = []
@@ -109,7 +113,8 @@ class WhatIfReplay:
         return True
 
     def _manager(self) -> KVCacheManager:
-        return KVCacheManager(self.pool_blocks, self.block_size, eviction_policy=self.policy)
+        return KVCacheManager(self.pool_blocks, self.block_size, eviction_policy=self.policy,
+                              groups=self.groups)
 
     def _begin(self, mgr: KVCacheManager, i: int) -> None:
         """Step i begins on a manager at the end of step i-1: request i-1 is freed."""
@@ -120,7 +125,7 @@ class WhatIfReplay:
     def _admit(self, mgr: KVCacheManager, i: int, count_stats: bool = True) -> list[ev.Event]:
         """Request i admitted (unless it is larger than the pool); the step's events."""
         r = self.trace.requests[i]
-        if 0 < r.input_length <= self.pool_blocks * self.block_size:
+        if r.input_length > 0:  # (admit refuses one larger than the pool, which holds none)
             cached = mgr.admit(i, [0] * r.input_length, block_hashes=self._hashes[i],
                                count_stats=count_stats)
             if cached is not None and count_stats:  # the pass (a cursor knows it already)

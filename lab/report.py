@@ -1,5 +1,12 @@
 """One lab run as rows: a what-if replay per (policy, pool size), Belady's ceiling per size and
-the infinite cache once, plus the LRU miss-ratio curve for plotting."""
+the infinite cache once, plus the LRU miss-ratio curve for plotting.
+
+With KV-cache groups (a hybrid or sliding-window model: `groups`, by default the trace's) the
+replays and the curve run with them. The infinite cache is the same for any groups (nothing is
+ever evicted, so every group has every block it needs), holding each block once per group.
+Belady stays the one full-attention group's optimum: still a ceiling when the groups include a
+full-attention one (a request's hit is never longer than that group's), none without one (a
+window needs only the blocks before the hit point), so it is refused then."""
 
 from __future__ import annotations
 
@@ -11,11 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvscope.engine import policies
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.lab import ceilings, whatif
 from kvscope.lab.traces import Trace
 
 CSV_COLUMNS = ("policy", "pool_blocks", "block_size", "mode", "token_hit_ratio",
-               "request_hit_ratio", "evicted_blocks")
+               "request_hit_ratio", "evicted_blocks", "groups")
+GROUPS_CURVE_POINTS = 12  # pool sizes replayed for the curve of KV-cache groups
 
 
 @dataclass
@@ -29,11 +38,12 @@ class Row:
     evicted_blocks: int
     wall_s: float = 0.0
     blocks_per_s: float | None = None  # the manager's throughput (what-if replays)
+    groups: str = "full"  # the KV-cache groups it ran with (whatif.groups_spec)
 
     def csv_values(self) -> list:
         return [self.policy, self.pool_blocks, self.block_size, self.mode,
                 f"{self.token_hit_ratio:.6f}",
-                f"{self.request_hit_ratio:.6f}", self.evicted_blocks]
+                f"{self.request_hit_ratio:.6f}", self.evicted_blocks, self.groups]
 
 
 def lab_policies() -> tuple[str, ...]:
@@ -41,12 +51,29 @@ def lab_policies() -> tuple[str, ...]:
     return (*policies.names(), "belady")
 
 
+def one_full_group(groups: tuple[KVGroup, ...]) -> bool:
+    """One full-attention group: what the one-pass curve and a plain Belady model."""
+    return len(groups) == 1 and groups[0].window is None
+
+
+def check_policies(policies: list[str], groups: tuple[KVGroup, ...]) -> None:
+    """ValueError for belady with groups of sliding windows only (it bounds nothing there)."""
+    if "belady" in policies and all(g.window is not None for g in groups):
+        raise ValueError(f"belady is the full-attention ceiling; the KV-cache groups "
+                         f"{whatif.groups_spec(groups)} have no full-attention group (a window "
+                         "needs only the blocks before the hit point): leave belady out")
+
+
 def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: int = 16,
         mode: str = "sequential", tpot_s: float = 0.03, on_row: Callable[[Row], None] = print,
-        on_request=None) -> tuple[list[Row], ceilings.SegmentStream]:
+        on_request=None, groups: tuple[KVGroup, ...] | None = None
+        ) -> tuple[list[Row], ceilings.SegmentStream]:
     """Rows in order: each policy at each size, then the infinite cache. Belady and infinite
     are sequential-mode ceilings whatever `mode` is. on_request: see whatif.replay (first
-    what-if run only)."""
+    what-if run only). groups: the KV-cache groups (None: the trace's)."""
+    groups = trace.groups if groups is None else groups
+    check_policies(policies, groups)
+    spec = whatif.groups_spec(groups)
     stream = ceilings.segment_stream(trace, block_size)
     hashes = None
     rows = []
@@ -62,29 +89,40 @@ def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: in
             else:
                 hashes = hashes or whatif.block_hashes(trace, block_size)
                 r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
-                                  on_request)
+                                  on_request, groups)
                 on_request = None
                 row = Row(policy, size, block_size, mode, r.token_hit_ratio,
                           r.request_hit_ratio, r.evicted_blocks, r.wall_s,
-                          r.num_blocks_processed / r.wall_s if r.wall_s else None)
+                          r.num_blocks_processed / r.wall_s if r.wall_s else None, spec)
             rows.append(row)
             on_row(row)
     c = ceilings.infinite_cache(stream)
-    row = Row("infinite", ceilings.distinct_blocks(stream), block_size, "sequential",
-              c.hit_tokens / stream.query_tokens, c.requests_hit / len(stream.requests), 0)
+    row = Row("infinite", ceilings.distinct_blocks(stream) * len(groups), block_size,
+              "sequential", c.hit_tokens / stream.query_tokens,
+              c.requests_hit / len(stream.requests), 0, groups=spec)
     rows.append(row)
     on_row(row)
     return rows, stream
 
 
-def lru_curve(stream: ceilings.SegmentStream, sizes: list[int], points: int = 48
+def lru_curve(stream: ceilings.SegmentStream, sizes: list[int], points: int = 48,
+              trace: Trace | None = None, groups: tuple[KVGroup, ...] = ONE_GROUP
               ) -> list[tuple[int, float]]:
     """(pool blocks, LRU token hit ratio) from 1/64 of the infinite cache's size to all of it,
-    log-spaced, plus `sizes`."""
-    top = max(ceilings.distinct_blocks(stream), *sizes)
-    grid = sorted({*np.unique(np.geomspace(max(1, top // 64), top, points).astype(int)).tolist(),
+    log-spaced, plus `sizes`. One full-attention group: from one pass of stack distances;
+    other groups (with the trace): an LRU what-if replay at each of GROUPS_CURVE_POINTS sizes
+    (a hit then depends on what every group kept: no one pass gives it)."""
+    one = one_full_group(groups)
+    top = max(ceilings.distinct_blocks(stream) * len(groups), *sizes)
+    n = points if one else min(points, GROUPS_CURVE_POINTS)
+    grid = sorted({*np.unique(np.geomspace(max(1, top // 64), top, n).astype(int)).tolist(),
                    *sizes})
-    hits = ceilings.lru_hit_tokens(stream, grid)
+    if one:
+        hits = ceilings.lru_hit_tokens(stream, grid)
+    else:
+        hashes = whatif.block_hashes(trace, stream.block_size)
+        hits = [whatif.replay(trace, size, stream.block_size, hashes=hashes,
+                              groups=groups).hit_tokens for size in grid]
     return [(n, h / stream.query_tokens) for n, h in zip(grid, hits, strict=True)]
 
 

@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
+
 FORMATS = {"mooncake": 512, "bailian": 16}  # format -> tokens per trace block
 MAX_SUBBLOCKS = 1024  # kvscope blocks per trace block at most (keys are node * 1024 + j)
 
@@ -48,6 +50,7 @@ class Trace:
     trace_block: int  # tokens per trace block
     requests: list[LabRequest]
     num_unchained_ids: int  # ids seen after more than one different predecessor
+    groups: tuple[KVGroup, ...] = ONE_GROUP  # a recorded session's KV-cache groups
 
     def check_block_size(self, block_size: int) -> None:
         if block_size <= 0 or self.trace_block % block_size or \

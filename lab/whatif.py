@@ -14,6 +14,11 @@ Both count prompt tokens only: a request's hit tokens are the cached prefix the 
 (whole blocks, leaving the last prompt token to compute). A request larger than the whole pool
 is rejected and counted as a miss. The trace's block ids are the chain hashes (no token hashing:
 the hash-id fast path).
+
+KV-cache groups (`groups`, by default the trace's: one full-attention group, or a recorded
+session's own): every group of a request draws from the one pool and a hit is the length every
+group accepts, as the engine and vLLM's hybrid coordinator do. On the command line they are
+written `full,window:1024` (see parse_groups).
 """
 
 from __future__ import annotations
@@ -24,9 +29,34 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvscope.engine.kv_cache_manager import KVCacheManager
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.lab.traces import Trace
 
 MODES = ("sequential", "timed")
+GROUPS_SYNTAX = "full and window:W (tokens), comma-separated, e.g. full,window:1024"
+
+
+def parse_groups(text: str) -> tuple[KVGroup, ...]:
+    """`full,window:1024` -> (KVGroup(), KVGroup(window=1024)); ValueError naming the part."""
+    groups = []
+    for part in text.split(","):
+        kind, _, size = part.strip().partition(":")
+        if kind == "full" and not size:
+            group = KVGroup()
+        elif kind == "window" and size.strip().isdigit() and int(size) > 0:
+            group = KVGroup(window=int(size))
+        else:
+            raise ValueError(f"KV-cache groups {text!r}: {part.strip()!r} is not a group "
+                             f"({GROUPS_SYNTAX})")
+        if group in groups:
+            raise ValueError(f"KV-cache groups {text!r}: {part.strip()!r} is there twice")
+        groups.append(group)
+    return tuple(groups)
+
+
+def groups_spec(groups: tuple[KVGroup, ...]) -> str:
+    """parse_groups' inverse: "full,window:1024"."""
+    return ",".join("full" if g.window is None else f"window:{g.window}" for g in groups)
 
 
 @dataclass
@@ -43,6 +73,7 @@ class WhatIfResult:
     evicted_blocks: int
     num_blocks_processed: int  # prompt blocks looked up plus blocks allocated
     wall_s: float
+    groups: tuple[KVGroup, ...] = ONE_GROUP
 
     @property
     def token_hit_ratio(self) -> float:
@@ -62,15 +93,17 @@ def block_hashes(trace: Trace, block_size: int) -> list[list[bytes]]:
 
 def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "lru",
            mode: str = "sequential", tpot_s: float = 0.03,
-           hashes: list[list[bytes]] | None = None,
-           on_request=None) -> WhatIfResult:
+           hashes: list[list[bytes]] | None = None, on_request=None,
+           groups: tuple[KVGroup, ...] | None = None) -> WhatIfResult:
     """Replay the trace; `hashes` from block_hashes() may be shared between runs.
-    on_request(manager, i): called after request i is admitted (for observers)."""
+    on_request(manager, i): called after request i is admitted (for observers). groups: the
+    KV-cache groups (None: the trace's)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     hashes = hashes if hashes is not None else block_hashes(trace, block_size)
+    groups = trace.groups if groups is None else groups
     mgr = KVCacheManager(pool_blocks, block_size, record_events=on_request is not None,
-                         eviction_policy=policy)
+                         eviction_policy=policy, groups=groups)
     mgr.pool.evicted_history = 0  # the lab explains no misses: skip the eviction history
     run = _sequential if mode == "sequential" else _timed
     start = time.perf_counter()
@@ -78,26 +111,29 @@ def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "
     wall = time.perf_counter() - start
     hit, query, requests, requests_hit, rejected, blocks = stats
     return WhatIfResult(policy, pool_blocks, block_size, mode, hit, query, requests,
-                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall)
+                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall, mgr.groups)
 
 
 def _sequential(mgr, trace, hashes, tpot_s, on_request):
     hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
-    pool_tokens = mgr.pool.num_blocks * mgr.block_size
     zeros = [0] * max(r.input_length for r in trace.requests)
+    num_groups = len(mgr.groups)
     for i, r in enumerate(trace.requests):
         n = r.input_length
         query_tokens += n
-        if n > pool_tokens or n == 0:
-            rejected += n > pool_tokens
+        if n == 0:
             continue
+        # the pool holds nothing but the cache now: a request it cannot take never fits
         cached = mgr.admit(i, zeros[:n], count_stats=False, block_hashes=hashes[i])
+        if cached is None:
+            rejected += 1
+            continue
         if on_request is not None:
             on_request(mgr, i)
         mgr.free(i)
         hit_tokens += cached
         requests_hit += cached > 0
-        blocks += len(hashes[i]) + -(-(n - cached) // mgr.block_size)
+        blocks += len(hashes[i]) + num_groups * -(-(n - cached) // mgr.block_size)
     return hit_tokens, query_tokens, len(trace.requests), requests_hit, rejected, blocks
 
 
@@ -106,8 +142,6 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
     finishing: list[tuple[float, int]] = []  # (finish time, request index)
     waiting: deque[int] = deque()
     hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
-    bs = mgr.block_size
-    pool_tokens = mgr.pool.num_blocks * bs
 
     def try_admit(i: int, now: float) -> bool:
         nonlocal hit_tokens, requests_hit, blocks
@@ -124,7 +158,7 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
             on_request(mgr, i)
         hit_tokens += cached
         requests_hit += cached > 0
-        blocks += len(hashes[i]) + len(mgr.block_table(i))
+        blocks += len(hashes[i]) + sum(map(len, mgr.block_tables(i)))
         heapq.heappush(finishing, (now + r.output_length * tpot_s, i))
         return True
 
@@ -138,7 +172,7 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
     for i, r in enumerate(requests):
         finish_until(r.arrival_s)
         query_tokens += r.input_length
-        if r.input_length + r.output_length > pool_tokens or r.input_length == 0:
+        if r.input_length == 0 or _peak_blocks(mgr, r) > mgr.pool.num_blocks:
             rejected += r.input_length > 0
             continue
         if waiting or not try_admit(i, r.arrival_s):
@@ -146,3 +180,13 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
     finish_until(float("inf"))
     assert not waiting, "requests left waiting with an empty pool"
     return hit_tokens, query_tokens, len(requests), requests_hit, rejected, blocks
+
+
+def _peak_blocks(mgr: KVCacheManager, r) -> int:
+    """Timed mode: the most blocks request r holds, on an empty pool and without a hit (a hit
+    needs no more): its prompt in every group, then its output, after each sliding window let
+    go of the prompt's blocks before it."""
+    bs = mgr.block_size
+    prompt, total = -(-r.input_length // bs), -(-(r.input_length + r.output_length) // bs)
+    return max(len(mgr.groups) * prompt,
+               sum(total - g.skipped_tokens(r.input_length) // bs for g in mgr.groups))

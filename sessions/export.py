@@ -13,6 +13,9 @@ touch never overlap by a rounding error):
   hits, copy-on-write, preemptions, cancellations and rejections. Phase changes are taken from
   the events' own times; every span carries the request's prompt / cached / output tokens and
   salt digest. Forks are named "request 7 (sample 2 of 3, forked from request 5)".
+- a session with more than one KV-cache group: per group, a counter track of the blocks it
+  holds and keeps cached, and a track of its block events (sessions/trace_groups.py; its
+  evictions move there); the requests' cache hits and copies name their group.
 
 The trace starts when the recording started: a request already running then is drawn in the
 phase it was in from time 0; requests finished before it are left out.
@@ -28,7 +31,9 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 from kvscope.engine import events as ev
+from kvscope.engine.kv_groups import NULL, KVGroup
 from kvscope.sessions.reader import RecordedRequest, SessionReader
+from kvscope.sessions.trace_groups import group_tracks
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 STEPS_TID, CACHE_TID = 1, 2
@@ -86,9 +91,10 @@ def chrome_trace(reader: SessionReader, first: int | None = None,
         ih, iq = cols.index("total_hit_tokens"), cols.index("total_query_tokens")
         totals = {row[0]: (row[ih], row[iq]) for row in rows}
     end_of_session = 0
+    step_ends = {}
     for s in steps:
         a = us(s.start_s)
-        b = max(a, us(s.start_s + s.wall_s))
+        b = step_ends[s.step] = max(a, us(s.start_s + s.wall_s))
         end_of_session = max(end_of_session, b)
         args = dict(prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
                     batch_size=s.batch_size, num_running=s.num_running,
@@ -113,9 +119,10 @@ def chrome_trace(reader: SessionReader, first: int | None = None,
             rate["step"] = s.hit_tokens / s.query_tokens
         out.append(dict(ph="C", pid=ENGINE_PID, tid=0, name="token hit rate", ts=b, args=rate))
 
-    out += _request_tracks(requests, events, clip_s, us, us_ns, end_of_session)
-    for e in events:
-        if e.kind in (ev.EVICTED, ev.RESET):
+    groups = reader.groups
+    out += _request_tracks(requests, events, clip_s, us, us_ns, end_of_session, groups)
+    for e in events:  # with groups, evictions are on the groups' tracks
+        if e.kind == ev.RESET or (e.kind == ev.EVICTED and len(groups) == 1):
             name = (f"evicted {len(e.blocks)} block(s)" if e.kind == ev.EVICTED
                     else f"prefix cache reset ({len(e.blocks)} block(s))")
             out.append(dict(ph="i", s="t", pid=ENGINE_PID, tid=CACHE_TID, name=name,
@@ -127,6 +134,9 @@ def chrome_trace(reader: SessionReader, first: int | None = None,
                  model_fingerprint=m.model_fingerprint, device=m.device,
                  started_at=m.started_at, block_size=m.block_size, num_blocks=m.num_blocks,
                  complete=m.complete)
+    if len(groups) > 1:
+        out += group_tracks(reader, ENGINE_PID, step_ends, events, us_ns)
+        other["kv_cache_groups"] = [g.name for g in groups]
     if first is not None or last is not None:
         other["steps"] = [steps[0].step, steps[-1].step] if steps else []
     return dict(traceEvents=out, displayTimeUnit="ms", otherData=other)
@@ -157,7 +167,7 @@ def _request_args(r: RecordedRequest | None, rid: int) -> dict:
 
 
 def _request_tracks(requests: list[RecordedRequest], events, t0: float, us, us_ns,
-                    end_of_session: int) -> list[dict]:
+                    end_of_session: int, groups: tuple[KVGroup, ...]) -> list[dict]:
     out = []
     by_id = {r.request_id: r for r in requests}
     open_span: dict[int, tuple[str, int]] = {}  # request -> (phase, start)
@@ -186,9 +196,12 @@ def _request_tracks(requests: list[RecordedRequest], events, t0: float, us, us_n
         open_span[rid] = (phase, t)
 
     def instant(rid: int, name: str, t: int, e) -> None:
+        args = dict(step=e.step, detail=e.detail, blocks=list(e.blocks))
+        if len(groups) > 1 and e.kind in ev.BLOCK_EVENTS:
+            args["group"] = groups[e.group].name
+            name += f" ({groups[e.group].name})"
         out.append(dict(ph="i", s="t", pid=REQUESTS_PID, tid=track(rid), name=name, ts=t,
-                        cat=e.kind, args=dict(step=e.step, detail=e.detail,
-                                              blocks=list(e.blocks))))
+                        cat=e.kind, args=args))
 
     for r in requests:
         phase = _phase_at_start(r, t0)
@@ -212,8 +225,8 @@ def _request_tracks(requests: list[RecordedRequest], events, t0: float, us, us_n
                 enter(rid, "decode", last_prefill.get(rid, t))
         elif kind == ev.FORKED:
             enter(rid, "decode", t)
-        elif kind == ev.CACHE_HIT:
-            instant(rid, f"cache hit: {len(e.blocks)} block(s)", t, e)
+        elif kind == ev.CACHE_HIT:  # (a sliding window's nulls are no blocks)
+            instant(rid, f"cache hit: {sum(b != NULL for b in e.blocks)} block(s)", t, e)
         elif kind == ev.COW:
             instant(rid, "copy-on-write", t, e)
         elif kind == ev.PREEMPTED:

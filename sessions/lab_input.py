@@ -1,6 +1,6 @@
 """A recorded session as the cache lab's input: its requests in arrival order (parallel samples
 left out: they share their parent's blocks without a lookup), each with the block chain of its
-prompt as the recorder stored it."""
+prompt as the recorder stored it, and the session's KV-cache groups."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
             block_size = reader.meta.block_size
             chains = reader.request_chains()
             requests = [r for r in reader.requests() if r.parent_id is None]
+            groups = reader.groups
     except SessionError as e:
         raise TraceError(str(e)) from None
     node_of: dict[tuple, int] = {}
@@ -40,4 +41,4 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
         raise TraceError(f"{path}: the session has no requests")
     t0 = lab[0].arrival_s
     lab = [LabRequest(r.arrival_s - t0, r.input_length, r.output_length, r.nodes) for r in lab]
-    return Trace(path.name, "session", block_size, lab, 0)
+    return Trace(path.name, "session", block_size, lab, 0, groups)

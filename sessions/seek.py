@@ -1,19 +1,23 @@
 """Seeking in a session: the block state at any step, from the nearest keyframe and the
 recorded events replayed through the engine's own pool (PoolReplay, replay.py). Torch-free.
 
-`Seeking` is SessionReader's half that replays: `snapshot_at`, `playback`, `verify`. It keeps
-replays at keyframes (and halfway to the next) so that a seek copies one rather than decoding a
-keyframe and rebuilding its pool, and a cursor that moves forward from where the last seek
-left it."""
+`Seeking` is SessionReader's half that replays: `snapshot_at`, `playback`, `verify`, and
+`group_blocks` (the blocks of each KV-cache group, step by step). It keeps replays at keyframes
+(and halfway to the next) so that a seek copies one rather than decoding a keyframe and
+rebuilding its pool, and a cursor that moves forward from where the last seek left it."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvscope.engine.events import Event
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.engine.metrics import StepRecord
 from kvscope.engine.snapshot import Snapshot
 from kvscope.sessions import schema
@@ -124,8 +128,34 @@ class Seeking:
             raise CorruptSessionError(f"{self.path}: damaged keyframe at step {step}: {e}") \
                 from e
 
-    def _advance(self, cur: PoolReplay, step: int) -> None:
-        """Replay steps cur.step+1 .. step on the cursor."""
+    @functools.cached_property
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The session's KV-cache groups, as its first keyframe has them (one full-attention
+        group in a file from before groups)."""
+        return self._keyframe(self.keyframe_steps[0]).groups if self.keyframe_steps else \
+            ONE_GROUP
+
+    def group_blocks(self, first: int, last: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """For each step first..last with its block state: the blocks held and cached in each
+        KV-cache group at its end (BlockPool.group_counts), by one replay forward."""
+        captured = [s for s in range(max(first, self.first_step or 0),
+                                     min(last, self.last_step or -1) + 1) if s in self._captured]
+        if not captured:
+            return {}
+        self.snapshot_at(captured[0])  # the cursor, there
+        cur, n = self._cursor, len(self.groups)
+        out = {captured[0]: cur.pool.group_counts(n)}
+        try:
+            self._advance(cur, captured[-1],
+                          on_step=lambda s: out.__setitem__(s, cur.pool.group_counts(n)))
+        except BaseException:
+            self._cursor = None
+            raise
+        return out
+
+    def _advance(self, cur: PoolReplay, step: int, on_step=None) -> None:
+        """Replay steps cur.step+1 .. step on the cursor; on_step(s) after each step s with its
+        block state."""
         first = cur.step + 1
         totals_cols = list(TOTALS.values())
         rows = self._query(f"SELECT step, nct, captured, {', '.join(totals_cols)} FROM steps "
@@ -141,6 +171,8 @@ class Seeking:
                 if not captured:
                     continue  # only the block events are known; the next keyframe resyncs
                 cur.end_step(s, schema.decode_nct(blob), dict(zip(TOTALS, totals, strict=True)))
+                if on_step is not None:
+                    on_step(s)
         except (ValueError, IndexError, TypeError, KeyError) as e:
             raise CorruptSessionError(f"{self.path}: damaged steps {first}..{step}: {e}") from e
         cur.step = step

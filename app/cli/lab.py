@@ -1,5 +1,6 @@
 """`kvscope lab TRACE ...`: what-if replay of a request trace at several pool sizes and
-eviction policies, with the Belady and infinite-cache ceilings (see kvscope.lab)."""
+eviction policies, with the Belady and infinite-cache ceilings (see kvscope.lab), for one
+full-attention KV-cache group or the groups of `--groups` (a session: its own by default)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from kvscope.app.cli.common import positive_int
 from kvscope.lab import report
 from kvscope.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
 from kvscope.lab.traces import FORMATS, TraceError
-from kvscope.lab.whatif import MODES
+from kvscope.lab.whatif import GROUPS_SYNTAX, MODES, groups_spec, parse_groups
 from kvscope.sessions.lab_input import load_lab_input
 
 
@@ -29,8 +30,14 @@ def add_parser(sub) -> None:
     p.add_argument("--pool-blocks", type=positive_int, nargs="+", default=None, metavar="N",
                    help="pool sizes in blocks (default: 1/32, 1/8 and 1/2 of the blocks an "
                    "infinite cache would hold)")
-    p.add_argument("--policy", nargs="+", choices=report.lab_policies(), default=["lru", "belady"],
-                   help="eviction policies (default: lru belady)")
+    p.add_argument("--policy", nargs="+", choices=report.lab_policies(), default=None,
+                   help="eviction policies (default: lru belady; lru alone for groups without "
+                   "full attention)")
+    p.add_argument("--groups", default=None, metavar="GROUPS",
+                   help=f"KV-cache groups sharing the pool, a hybrid model's: {GROUPS_SYNTAX} "
+                   "(a hit is what every group accepts; a window group needs only the blocks "
+                   "of the window before the hit point). Default: one full-attention group, "
+                   "or a session's own groups")
     p.add_argument("--mode", choices=MODES, default="sequential",
                    help="sequential: each request admitted then freed in order; timed: "
                    "arrivals at trace time, held output_length x TPOT (default sequential)")
@@ -65,28 +72,47 @@ def _lab(args: argparse.Namespace) -> int:
     for out in (args.csv, args.png):
         if out is not None and not out.parent.is_dir():
             raise TraceError(f"{out}: folder {out.parent} does not exist")
+    try:
+        groups = parse_groups(args.groups) if args.groups is not None else None
+    except ValueError as e:
+        raise TraceError(f"--groups: {e}") from None
     trace = load_lab_input(args.trace, args.format, args.limit)
     trace.check_block_size(args.block_size)
+    groups = trace.groups if groups is None else groups
+    policies = args.policy
+    if policies is None:
+        policies = ["lru", "belady"] if any(g.window is None for g in groups) else ["lru"]
+    try:
+        report.check_policies(policies, groups)
+    except ValueError as e:
+        raise TraceError(f"--policy: {e}") from None
     print(f"{trace.name}: {len(trace.requests):,} requests ({trace.format}, "
           f"{trace.trace_block}-token trace blocks; ids after more than one predecessor: "
           f"{trace.num_unchained_ids:,}); block size {args.block_size}, {args.mode} mode")
+    note = "" if report.one_full_group(groups) or "belady" not in policies else \
+        "; belady is the full-attention group's ceiling"
+    print(f"KV-cache groups: {' + '.join(g.name for g in groups)} ({groups_spec(groups)}){note}")
     sizes = args.pool_blocks
-    if sizes is None:
+    if sizes is None:  # (every group holds its own copy of a block)
         from kvscope.lab import ceilings
 
         total = ceilings.distinct_blocks(ceilings.segment_stream(trace, args.block_size))
+        total *= len(groups)
         sizes = sorted({max(1, total // 32), max(1, total // 8), max(1, total // 2)})
     print(f"{'policy':>8} {'pool blocks':>12} {'token hit':>10} {'request hit':>11} "
           f"{'evicted':>11} {'blocks/s':>10} {'wall s':>7}")
     probe = Residency(sample_every=max(1, len(trace.requests) // 50)) if args.residency else None
-    rows, stream = report.run(trace, sizes, args.policy, args.block_size, args.mode,
-                              args.tpot_ms / 1000, on_row=_print_row, on_request=probe)
+    rows, stream = report.run(trace, sizes, policies, args.block_size, args.mode,
+                              args.tpot_ms / 1000, on_row=_print_row, on_request=probe,
+                              groups=groups)
     if args.csv:
         report.write_csv(args.csv, rows)
         print(f"wrote {args.csv}")
-    curve = report.lru_curve(stream, sizes) if args.png or probe else None
+    curve = report.lru_curve(stream, sizes, trace=trace, groups=groups) \
+        if args.png or probe else None
     if probe is not None:
-        _print_residency(probe, stream, args, sizes[0], curve, rows[-1].token_hit_ratio)
+        _print_residency(probe, stream, args, policies, sizes[0], curve,
+                         rows[-1].token_hit_ratio)
     if args.png:
         from kvscope.app.plots.lab import write_curves_png  # Qt: only when a PNG is asked for
 
@@ -102,9 +128,10 @@ def _print_row(r: report.Row) -> None:
           flush=True)
 
 
-def _print_residency(probe: Residency, stream, args, pool_blocks, curve, ceiling) -> None:
+def _print_residency(probe: Residency, stream, args, policies, pool_blocks, curve,
+                     ceiling) -> None:
     gaps = reuse_gaps(stream)
-    policy = next((p for p in args.policy if p != "belady"), None)
+    policy = next((p for p in policies if p != "belady"), None)
     print(f"residency ({policy}, {pool_blocks:,} blocks; in requests):")
     for name in ("lifetime", "idle_before_evict"):
         p50, p90 = probe.percentile(name, 50), probe.percentile(name, 90)

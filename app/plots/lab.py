@@ -1,6 +1,6 @@
 """The lab's miss-ratio curves, drawn once for the Lab panel and the PNG export: token hit ratio
-against pool size (log), LRU from the one-pass curve, the other policies and Belady at the sizes
-replayed, the infinite-cache ceiling as a dashed line."""
+against pool size (log), LRU from the one-pass curve (with KV-cache groups: replays), the other
+policies and Belady at the sizes replayed, the infinite-cache ceiling as a dashed line."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
     percent_axis(item.getAxis("left"), True)
     item.showGrid(x=True, y=True, alpha=0.3)
     xs, ys = zip(*lru_curve, strict=True)
+    one_pass = all(r.groups == "full" for r in rows)  # (KV-cache groups: replayed per size)
     item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(COLORS["lru"], width=2),
-              name="lru (one pass)")
+              name="lru (one pass)" if one_pass else "lru")
     for policy in lab_policies():
         pts = sorted((r.pool_blocks, r.token_hit_ratio) for r in rows if r.policy == policy)
         if pts:

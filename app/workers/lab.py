@@ -26,7 +26,6 @@ class LabJob:
 
 def _work(job: LabJob, out) -> None:
     from kvscope.lab import report
-    from kvscope.lab.traces import TraceError
     from kvscope.sessions.lab_input import load_lab_input
 
     try:
@@ -34,8 +33,9 @@ def _work(job: LabJob, out) -> None:
         trace.check_block_size(job.block_size)
         _, stream = report.run(trace, list(job.pool_sizes), list(job.policies), job.block_size,
                                job.mode, on_row=lambda row: out.put(("row", row)))
-        out.put(("curve", report.lru_curve(stream, list(job.pool_sizes))))
-    except (TraceError, OSError) as e:
+        out.put(("curve", report.lru_curve(stream, list(job.pool_sizes), trace=trace,
+                                           groups=trace.groups)))
+    except (ValueError, OSError) as e:  # a TraceError, or belady with windows only
         out.put(("error", str(e)))
 
 

@@ -12,6 +12,11 @@ import pytest
 from test_pool_vs_vllm import assert_same
 from traffic import mooncake, multi_turn
 
+from kvscope.engine.kv_groups import KVGroup
+from kvscope.lab import whatif
+from kvscope.lab.replay import WhatIfReplay
+from kvscope.lab.traces import load_trace
+
 DATA = Path(__file__).parent.parent / "data"
 
 
@@ -29,9 +34,21 @@ def test_multi_turn_traffic_with_sliding_windows(windows, seed, num_blocks):
     assert total_hits(theirs) != total_hits(full_only)  # the windows changed what hit
 
 
-def test_mooncake_trace_on_a_hybrid_model():
+def test_mooncake_trace_on_a_hybrid_model_and_the_labs_hybrid_replay():
     """The Mooncake trace's first 200 requests, one at a time, full attention + a 1,024-token
-    window at 2,048 blocks."""
-    reqs = mooncake(DATA / "mooncake_conversation_head200.jsonl", 200)
+    window at 2,048 blocks; the lab's hybrid what-if replay of the trace (its own loader, block
+    ids for hashes) predicts vLLM's hits request by request, its rejections and evictions."""
+    path = DATA / "mooncake_conversation_head200.jsonl"
+    reqs = mooncake(path, 200)
     theirs = assert_same(reqs, 2048, sequential=True, windows=(1024,))
     assert total_hits(theirs) > 0
+    groups = (KVGroup(), KVGroup(window=1024))
+    trace = load_trace(path)
+    steps = WhatIfReplay(trace, 2048, 16, groups=groups)
+    steps.run()
+    assert [r.hit_tokens for r in steps.records] == [theirs.hits[i][0] or 0
+                                                      for i in range(200)]
+    lab = whatif.replay(trace, 2048, 16, groups=groups)
+    assert lab.hit_tokens == total_hits(theirs) < whatif.replay(trace, 2048, 16).hit_tokens
+    assert lab.num_rejected == sum(None in hits for hits in theirs.hits.values()) > 0
+    assert lab.evicted_blocks == sum(len(x[2]) for x in theirs.removed) > 0

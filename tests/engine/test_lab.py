@@ -180,7 +180,9 @@ def test_lab_command_prints_rows_and_writes_csv_and_png(tmp_path, capsys):
     printed = capsys.readouterr().out
     rows = [line.split(",") for line in out_csv.read_text().splitlines()]
     assert rows[0] == ["policy", "pool_blocks", "block_size", "mode", "token_hit_ratio",
-                       "request_hit_ratio", "evicted_blocks"]
+                       "request_hit_ratio", "evicted_blocks", "groups"]
+    assert {r[-1] for r in rows[1:]} == {"full"}
+    assert "KV-cache groups: full attention (full)" in printed
     assert [(r[0], r[1]) for r in rows[1:-1]] == [
         (p, n) for p in ("lru", "fifo", "belady") for n in ("2000", "8000")]
     assert rows[-1][0] == "infinite" and len(printed.splitlines()) >= len(rows) + 1

@@ -73,3 +73,37 @@ def test_a_session_recorded_without_chains_is_refused_in_one_line(session, tmp_p
     err = capsys.readouterr().err
     assert "cannot replay it" in err and len(err.strip().splitlines()) == 1
     assert cli.main(["lab", str(session[0]), "--pool-blocks", "128"]) == 0
+
+
+def test_the_lab_replays_a_hybrid_session_with_its_groups(tmp_path, hybrid_model_dir, capsys):
+    """A real hybrid model (full attention + a 6-token window: two KV-cache groups), requests one
+    after another with shared prefixes: the lab replays the session with the session's groups
+    and finds the engine's hits (a pool too large to evict: everything stays cached)."""
+    from session_testutil import make_engine, prompt
+
+    from kvscope.app.cli import main as cli
+
+    engine = make_engine(hybrid_model_dir, num_blocks=96)
+    base = prompt(22, 1)
+    prompts = [base, base[:16] + prompt(7, 2), prompt(10, 3), base + prompt(5, 4)]
+    path, cached = tmp_path / "hybrid.kvscope", {}
+    with Recorder(path, engine):
+        for p in prompts:
+            engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True))
+            while engine.has_unfinished():
+                cached.update((o.request_id, o.num_cached_tokens) for o in engine.step()
+                              if o.finished)
+    with SessionReader(path) as reader:
+        groups = reader.groups
+    assert [g.window for g in groups] == [None, 6]
+    trace = load_lab_input(path)
+    assert trace.groups == groups
+    r = whatif.replay(trace, 96, 4, "lru")
+    assert r.groups == groups and r.evicted_blocks == 0
+    assert r.hit_tokens == sum(cached.values()) > 0
+    assert cli.main(["lab", str(path), "--block-size", "4", "--pool-blocks", "96"]) == 0
+    assert "KV-cache groups: full attention + sliding window 6 (full,window:6)" in \
+        capsys.readouterr().out
+    assert cli.main(["lab", str(path), "--block-size", "4", "--pool-blocks", "96",
+                     "--groups", "full"]) == 0  # a what-if: the same session, one group
+    assert "KV-cache groups: full attention (full)" in capsys.readouterr().out
