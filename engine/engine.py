@@ -81,6 +81,11 @@ class Engine:
     def num_blocks(self) -> int:
         return self.manager.pool.num_blocks
 
+    @property
+    def groups(self) -> tuple:
+        """The model's KV-cache groups (kv_groups.KVGroup), each with its own block tables."""
+        return self.manager.groups
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     cache_salt: str | None = None) -> int:
         """Queue a request. A prompt that can never fit is rejected: the request finishes at

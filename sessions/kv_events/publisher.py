@@ -92,7 +92,7 @@ class KVEventPublisher:
                  dp_rank: int = 0, context: zmq.Context | None = None):
         self.engine, self.layout, self.dp_rank = engine, layout, dp_rank
         self.block_size = engine.config.block_size
-        self.groups = engine.manager.groups
+        self.groups = engine.groups
         self.medium = "GPU" if engine.config.device == "cuda" else "CPU"
         self.topic = topic.encode()
         self._cached = CachedHashes()
