@@ -9,7 +9,8 @@ import pytest
 from image_compare import ARTIFACTS, to_array
 from PySide6.QtCore import QPointF
 
-from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel, label_text, node_text
+from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel, node_text
+from kvscope.app.panels.tree_labels import MAX_LABELS, label_text
 from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
 from kvscope.engine import KVCacheManager
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
