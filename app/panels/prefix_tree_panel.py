@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
@@ -88,15 +88,21 @@ class PrefixTreePanel(TreeLabels, QWidget):
         self.info.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.info.setWordWrap(True)
         self.group = 0  # the KV-cache group whose tree is shown
-        self.group_box = QComboBox()  # shown only for a model with several groups
+        self.group_box = QComboBox()
         self.group_box.setToolTip(GROUP_TIP)
         self.group_box.setSizeAdjustPolicy(QComboBox.AdjustToContents)
-        self.group_box.hide()
         self.group_box.currentIndexChanged.connect(self.show_group)
+        self.group_row = QWidget()  # shown only for a model with several groups
+        row = QHBoxLayout(self.group_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(QLabel("KV-cache group"))
+        row.addWidget(self.group_box)
+        row.addStretch(1)
+        self.group_row.hide()
         self._groups: tuple[KVGroup, ...] = ()  # what the selector lists
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.addWidget(self.group_box)
+        layout.addWidget(self.group_row)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.info)
         self._init_labels()
@@ -143,7 +149,7 @@ class PrefixTreePanel(TreeLabels, QWidget):
         self.group_box.clear()
         self.group_box.addItems([group_label(g) for g in groups])
         self.group_box.blockSignals(False)
-        self.group_box.setVisible(len(groups) > 1)
+        self.group_row.setVisible(len(groups) > 1)
         if self.group >= len(groups):
             self.group = 0
         self.group_box.setCurrentIndex(self.group)

@@ -111,9 +111,13 @@ def test_a_thousand_nodes_build_quickly_enough_to_draw(qtbot):
     assert len(panel.flat) == len(list(walk(build_tree(snap))))
 
 
-def reference_tree(snap, collapse=True):
-    """The tree by a plain walk over every block, block by block: what build_tree must give."""
-    hashes, parents = snap.block_hash.tolist(), snap.parent_hash.tolist()
+def reference_tree(snap, collapse=True, hashes=None, parents=None, tables=None):
+    """The tree by a plain walk over every block, block by block: what build_tree must give.
+    `hashes` and `parents` (per block, falsy: none) and `tables` (lists, -1 a null) default to
+    the snapshot's."""
+    if hashes is None:
+        hashes, parents = snap.block_hash.tolist(), snap.parent_hash.tolist()
+        tables = [t.tolist() for t in snap.block_tables.values()]
     hashed = [b for b in range(snap.num_blocks) if hashes[b]]
     by_hash = {hashes[b]: b for b in hashed}
     children, root_children = {}, {}
@@ -122,12 +126,11 @@ def reference_tree(snap, collapse=True):
         (root_children.setdefault(parents[b], []) if p is None
          else children.setdefault(p, [])).append(b)
     placed = set(hashed)
-    for table in snap.block_tables.values():
-        table = table.tolist()
+    for table in tables:
         for i, b in enumerate(table):
-            if b not in placed:
+            if b != -1 and b not in placed:
                 placed.add(b)
-                (children.setdefault(table[i - 1], []) if i
+                (children.setdefault(table[i - 1], []) if i and table[i - 1] != -1
                  else root_children.setdefault(0, [])).append(b)
     state, ref, hits = snap.state.tolist(), snap.ref_count.tolist(), snap.hit_count.tolist()
     forest = []
