@@ -45,7 +45,8 @@ def node_text(node: TreeNode, snap: Snapshot, identities: Identities | None = No
 
 def group_label(g: KVGroup) -> str:
     """A group in the selector: "full attention", "sliding window 4096 (12 layers)"."""
-    return f"{g.name} ({len(g.layers)} layers)" if g.layers else g.name
+    n = len(g.layers)
+    return f"{g.name} ({n} layer{'s' if n != 1 else ''})" if n else g.name
 
 
 GROUP_TIP = ("The KV-cache group whose prefix tree is shown: each group has its own block tables "
