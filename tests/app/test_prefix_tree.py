@@ -13,6 +13,7 @@ from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel, node_text
 from kvscope.app.panels.tree_labels import MAX_LABELS, label_text
 from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
 from kvscope.engine import KVCacheManager
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
 
 BS = 16
@@ -163,11 +164,14 @@ def shape(forest):
              n.parent.blocks if n.parent else None) for n in walk(forest)]
 
 
-def random_pool(seed: int) -> KVCacheManager:
-    """Requests over shared prefixes, follow-up turns, forks, salts, frees and evictions."""
+def random_pool(seed: int, hybrid: bool = False) -> KVCacheManager:
+    """Requests over shared prefixes, follow-up turns, forks, salts, frees and evictions;
+    `hybrid`: on a full-attention and a sliding-window group, with decodes (blocks leave the
+    window)."""
     rng = random.Random(seed)
-    bs = rng.choice([1, 2, 4, 16])
-    mgr = KVCacheManager(rng.randrange(8, 160), bs)
+    bs = rng.choice([1, 2, 4] if hybrid else [1, 2, 4, 16])
+    groups = (KVGroup(), KVGroup(rng.choice([bs, 2 * bs, 3 * bs + 1]))) if hybrid else ONE_GROUP
+    mgr = KVCacheManager(rng.randrange(8, 160), bs, groups=groups)
     prompts = {}
     for rid in range(rng.randrange(1, 40)):
         live, op = list(mgr.seqs), rng.random()
@@ -176,6 +180,14 @@ def random_pool(seed: int) -> KVCacheManager:
             continue
         if live and op < 0.25:
             mgr.fork(rng.choice(live), 1000 + rid)
+            continue
+        if hybrid and live and rng.random() < 0.3:
+            r, n = rng.choice(live), rng.randrange(1, 3 * bs)
+            mgr.append_token_ids(r, [rng.randrange(5) for _ in range(n)])
+            if mgr.can_allocate(r, n):
+                mgr.allocate(r, n)
+            else:
+                mgr.free(r)
             continue
         if prompts and op < 0.6:
             prompt = prompts[rng.choice(list(prompts))] + [rng.randrange(5)

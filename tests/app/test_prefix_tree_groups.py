@@ -4,12 +4,10 @@ selection across the panels."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, Qt
-from test_prefix_tree import reference_tree, shape
+from test_prefix_tree import random_pool, reference_tree, shape
 from window_testutil import bare_window
 
 from kvscope.app.frames import Frame
@@ -79,44 +77,13 @@ def test_a_chain_whose_head_was_evicted_starts_under_a_root_of_its_own():
     assert all(node[b].parent is node[a] for a, b in zip(full, full[1:], strict=False))
 
 
-def random_hybrid_pool(seed: int) -> KVCacheManager:
-    """Requests over shared prefixes with decodes (blocks leave the window), forks, salts,
-    frees and evictions, on a full-attention and a sliding-window group."""
-    rng = random.Random(seed)
-    bs = rng.choice([1, 2, 4])
-    mgr = KVCacheManager(rng.randrange(16, 120), bs,
-                         groups=(KVGroup(), KVGroup(rng.choice([bs, 2 * bs, 3 * bs + 1]))))
-    prompts = {}
-    for rid in range(rng.randrange(1, 40)):
-        live, op = list(mgr.seqs), rng.random()
-        if live and op < 0.15:
-            mgr.free(rng.choice(live))
-        elif live and op < 0.22:
-            mgr.fork(rng.choice(live), 1000 + rid)
-        elif live and op < 0.45:
-            r = rng.choice(live)
-            n = rng.randrange(1, 3 * bs)
-            mgr.append_token_ids(r, [rng.randrange(5) for _ in range(n)])
-            if mgr.can_allocate(r, n):
-                mgr.allocate(r, n)
-            else:
-                mgr.free(r)
-        else:
-            prompt = ((prompts[rng.choice(list(prompts))] if prompts and op < 0.75 else [])
-                      + [rng.randrange(3) for _ in range(rng.randrange(1, 6 * bs))])
-            if mgr.admit(rid, prompt, cache_salt=rng.choice([None, None, "a"])) is not None:
-                prompts[rid] = prompt
-        mgr.step += 1
-    return mgr
-
-
 @pytest.mark.parametrize("collapse", [True, False])
 def test_each_groups_tree_matches_a_plain_walk_over_that_groups_full_keys(collapse):
     """The reference reads the pool's full hash keys (a group g >= 1 key ends in the byte g)
     and the manager's tables, not the snapshot's short hashes and block_group."""
     released = 0
     for seed in range(60):
-        mgr = random_hybrid_pool(seed)
+        mgr = random_pool(seed, hybrid=True)
         snap = mgr.snapshot()
         pool = mgr.pool
         for g in (0, 1):
