@@ -59,8 +59,11 @@ def build_tree(snap: Snapshot, collapse: bool = True, group: int = 0) -> list[Tr
 
 
 def group_tables(snap: Snapshot, group: int) -> dict[int, np.ndarray]:
-    """The requests' block tables in KV-cache `group` (NULL where a window released a block)."""
-    return snap.block_tables if group == 0 else snap.more_tables[group - 1]
+    """The requests' block tables in KV-cache `group` (NULL where a window released a block;
+    none where the source has no tables, e.g. an attached server's hash slots)."""
+    if group == 0:
+        return snap.block_tables
+    return snap.more_tables[group - 1] if group <= len(snap.more_tables) else {}
 
 
 @dataclass

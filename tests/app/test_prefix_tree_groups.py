@@ -184,3 +184,15 @@ def test_screenshot_of_a_window_groups_tree(qtbot, tmp_path, size):
     w.tree.grab().save(str(out / f"{name}.png"))
     assert np.any([n.state == CACHED for n in w.tree.flat])
     w.close()
+
+
+def test_a_source_without_tables_still_has_a_tree_per_group():
+    """As an attached server's hash slots: groups and each slot's group, no block tables."""
+    mgr, window = hybrid_pool()
+    full = mgr.block_table(0, 0)[:]
+    mgr.free(0)
+    snap = mgr.snapshot()
+    snap.block_tables, snap.more_tables = {}, ()
+    # the full blocks stay cached in each group; each partial last block is free
+    assert blocks_of(build_tree(snap, group=0)) == full[:8]
+    assert blocks_of(build_tree(snap, group=1)) == window[:8]
