@@ -43,10 +43,11 @@ def node_text(node: TreeNode, snap: Snapshot, identities: Identities | None = No
     return text
 
 
-def group_label(g: KVGroup) -> str:
-    """A group in the selector: "full attention", "sliding window 4096 (12 layers)"."""
+def group_layers(g: KVGroup) -> str:
+    """A group's layers in words (its entry's tooltip in the selector)."""
     n = len(g.layers)
-    return f"{g.name} ({n} layer{'s' if n != 1 else ''})" if n else g.name
+    return (f"{g.name}: layer{'s' if n != 1 else ''} {', '.join(map(str, g.layers))}" if n
+            else f"{g.name}: every layer")
 
 
 GROUP_TIP = ("The KV-cache group whose prefix tree is shown: each group has its own block tables "
@@ -96,7 +97,7 @@ class PrefixTreePanel(TreeLabels, QWidget):
         self.group_row = QWidget()  # shown only for a model with several groups
         row = QHBoxLayout(self.group_row)
         row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(QLabel("KV-cache group"))
+        row.addWidget(QLabel("KV group"))
         row.addWidget(self.group_box)
         row.addStretch(1)
         self.group_row.hide()
@@ -148,12 +149,13 @@ class PrefixTreePanel(TreeLabels, QWidget):
         self._groups = groups
         self.group_box.blockSignals(True)
         self.group_box.clear()
-        self.group_box.addItems([group_label(g) for g in groups])
+        for i, g in enumerate(groups):
+            self.group_box.addItem(g.name)
+            self.group_box.setItemData(i, group_layers(g), Qt.ToolTipRole)
         self.group_box.blockSignals(False)
         self.group_row.setVisible(len(groups) > 1)
-        if self.group >= len(groups):
-            self.group = 0
-        self.group_box.setCurrentIndex(self.group)
+        self.group = 0
+        self.group_box.setCurrentIndex(0)
 
     def show_group(self, group: int) -> None:
         """Show the tree of this KV-cache group (now: the user picked it), fitted."""

@@ -11,7 +11,7 @@ from test_prefix_tree import random_pool, reference_tree, shape
 from window_testutil import bare_window
 
 from kvscope.app.frames import Frame
-from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
+from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel, node_text
 from kvscope.app.prefix_tree import build_tree, walk
 from kvscope.app.tree_identities import Identities
 from kvscope.engine import KVCacheManager
@@ -50,6 +50,8 @@ def test_each_group_has_its_own_chain_not_one_tree_of_both():
     assert released.blocks == window[:6] and released.state == CACHED
     (held,) = released.children
     assert held.blocks == window[6:] + mgr.block_table(0, 1)[9:] and held.state == ACTIVE
+    assert node_text(held, snap, group=1).endswith("owners #0")  # in the group's own tables
+    assert "owners" not in node_text(held, snap, group=0)
     assert blocks_of(build_tree(snap, group=1)) == sorted(window + mgr.block_table(0, 1)[9:])
 
 
