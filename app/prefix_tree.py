@@ -4,7 +4,16 @@ A node per block: a cached or active full block hangs under the block whose hash
 hash; a chain's first block hangs under the root of its identity (model, adapter and salt: two
 tenants are two roots); a partial tail block (no hash yet) hangs under the previous block of
 its request's block table. Long unbranched runs of blocks in the same state and ref count
-collapse into one node that counts them."""
+collapse into one node that counts them.
+
+A model with several KV-cache groups (kv_groups) has one tree per group, built by itself: each
+group keeps its own tables, and a group g >= 1 stores a hash under `group_key(h, g)`, whose
+short hash is group 0's, so a tree of every block would hang one group's chain on the other's.
+`group` picks the blocks that group allocated (Snapshot.block_group) and its tables. A sliding
+window group's tables hold nulls where blocks left the window: its tree shows the chains'
+blocks still cached or held; a block whose chain parent was evicted starts a chain under a root
+of its own (keyed by the gone parent's hash), as any chain whose parent is gone; a block after
+a null hangs under the root."""
 
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvscope.engine.kv_groups import NULL
 from kvscope.engine.snapshot import Snapshot
 
 ROOT = -1  # pseudo block id of a root (one per identity)
@@ -40,12 +50,20 @@ class TreeNode:
         return len(self.blocks)
 
 
-def build_tree(snap: Snapshot, collapse: bool = True) -> list[TreeNode]:
-    """Roots of the prefix forest in the snapshot, biggest first.
+def build_tree(snap: Snapshot, collapse: bool = True, group: int = 0) -> list[TreeNode]:
+    """Roots of the prefix forest of KV-cache `group` in the snapshot, biggest first.
 
     Array work over all blocks, Python work per node only: a pool of 16,384 blocks builds in a
     few milliseconds, and a chain of thousands of blocks is fine."""
-    return make_forest(snap, find_runs(snap, collapse))
+    return make_forest(snap, find_runs(snap, collapse, group))
+
+
+def group_tables(snap: Snapshot, group: int) -> dict[int, np.ndarray]:
+    """The requests' block tables in KV-cache `group` (NULL where a window released a block;
+    none where the source has no tables, e.g. an attached server's hash slots)."""
+    if group == 0:
+        return snap.block_tables
+    return snap.more_tables[group - 1] if group <= len(snap.more_tables) else {}
 
 
 @dataclass
@@ -59,10 +77,10 @@ class Runs:
     head: np.ndarray  # per block: its node's first block
 
 
-def find_runs(snap: Snapshot, collapse: bool = True) -> Runs:
+def find_runs(snap: Snapshot, collapse: bool = True, group: int = 0) -> Runs:
     """The first half of build_tree (numpy only): which blocks make up each node."""
     n = snap.num_blocks
-    parent = _parent_blocks(snap)
+    parent = _parent_blocks(snap, group)
     state, ref = snap.state, snap.ref_count
     num_children = np.bincount(parent[parent >= 0], minlength=n)
     up = np.maximum(parent, 0)
@@ -105,12 +123,16 @@ def make_forest(snap: Snapshot, runs: Runs) -> list[TreeNode]:
     return forest
 
 
-def _parent_blocks(snap: Snapshot) -> np.ndarray:
-    """The block each block hangs under: its parent hash's block, or, for an unhashed (partial
-    or duplicate) block, the previous block of the first table holding it; -1 under a root."""
+def _parent_blocks(snap: Snapshot, group: int = 0) -> np.ndarray:
+    """The block each block of `group` hangs under: its parent hash's block in the group, or,
+    for an unhashed (partial or duplicate) block, the previous block of the first table holding
+    it; -1 under a root; -2 for blocks not in the group's tree."""
     n = snap.num_blocks
     parent = np.full(n, -2, dtype=np.int64)
-    hashed = np.flatnonzero(snap.block_hash)
+    hashed = snap.block_hash != 0
+    if len(snap.groups) > 1:  # (one group: every block is group 0's, whatever a file says)
+        hashed &= snap.block_group == group
+    hashed = np.flatnonzero(hashed)
     if len(hashed):
         order = np.argsort(snap.block_hash[hashed], kind="stable")
         sorted_hashes = snap.block_hash[hashed][order]
@@ -118,13 +140,13 @@ def _parent_blocks(snap: Snapshot) -> np.ndarray:
         at = np.searchsorted(sorted_hashes, wanted, side="right") - 1  # the last of equals
         found = (at >= 0) & (sorted_hashes[np.maximum(at, 0)] == wanted)
         parent[hashed] = np.where(found, hashed[order[np.maximum(at, 0)]], -1)
-    tables = [t for t in snap.block_tables.values() if len(t)]
+    tables = [t for t in group_tables(snap, group).values() if len(t)]
     if tables:
         blocks = np.concatenate(tables).astype(np.int64)
         previous = np.empty_like(blocks)
-        previous[1:] = blocks[:-1]
+        previous[1:] = blocks[:-1]  # (after a null: NULL, -1, under the root)
         previous[np.cumsum([0] + [len(t) for t in tables[:-1]])] = -1  # a table's first block
-        loose = snap.block_hash[blocks] == 0
+        loose = (blocks != NULL) & (snap.block_hash[blocks] == 0)
         first, at = np.unique(blocks[loose], return_index=True)  # a block's first table wins
         parent[first] = previous[loose][at]
     return parent

@@ -79,6 +79,7 @@ class BlockPool:
         self.last_use = [-1] * num_blocks
         self.group = [0] * num_blocks  # the KV-cache group that last allocated the block
         self.group_used = False  # a group other than 0 has allocated (else group is all 0)
+        self.num_held = [0]  # per group: blocks with ref count >= 1 that the group allocated
         # Free blocks without a hash, head = next to reuse; then the cached ones.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached = cached_set(eviction_policy)
@@ -109,14 +110,17 @@ class BlockPool:
         available, cached = len(self._free) + len(self._cached), len(self._cached)
         return BlockCounts(available - cached, self.num_blocks - available, cached)
 
+    def held_by_group(self, num_groups: int) -> tuple[int, ...]:
+        """Blocks held by requests (ref count >= 1) in each of the first `num_groups` groups."""
+        return tuple(self.num_held[:num_groups]) + (0,) * (num_groups - len(self.num_held))
+
     def group_counts(self, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
         """Blocks held (ref count >= 1) and cached (ref count 0, hash kept) in each KV-cache
         group, each block counted in the group that last allocated it."""
         group = np.array(self.group, dtype=np.intp)
-        held = np.array(self.ref_count) > 0
-        cached = ~held & np.fromiter((h is not None for h in self.block_hash), bool,
-                                     self.num_blocks)
-        return (np.bincount(group[held], minlength=num_groups),
+        cached = (np.array(self.ref_count) == 0) & np.fromiter(
+            (h is not None for h in self.block_hash), bool, self.num_blocks)
+        return (np.array(self.held_by_group(num_groups)),
                 np.bincount(group[cached], minlength=num_groups))
 
     def eviction_order(self) -> list[int]:
@@ -135,7 +139,7 @@ class BlockPool:
         new = object.__new__(BlockPool)
         new.__dict__.update(self.__dict__)
         for name in ("ref_count", "block_hash", "parent_hash", "hits", "cached_seq", "last_use",
-                     "group"):
+                     "group", "num_held"):
             setattr(new, name, getattr(self, name)[:])
         new._free, new._cached = self._free.copy(), self._cached.clone()
         new.hash_to_block, new.dropped = self.hash_to_block.copy(), self.dropped.copy()
@@ -167,6 +171,7 @@ class BlockPool:
             setattr(pool, name, keys)
         pool.group = group.tolist()
         pool.group_used = bool(group.any())
+        pool.num_held = np.bincount(group[snap.ref_count > 0], minlength=1).tolist()
         key = pool.block_hash
         if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
             hashed.sort(key=snap.cached_seq.__getitem__)
@@ -198,6 +203,7 @@ class BlockPool:
         ref_count, last_use, hits = self.ref_count, self.last_use, self.hits
         for b in blocks:
             if ref_count[b] == 0:
+                self.num_held[self.group[b]] += 1
                 if self.block_hash[b] is None:
                     del self._free[b]
                 else:
@@ -239,6 +245,9 @@ class BlockPool:
             self.group_used = True
             for b in blocks:
                 self.group[b] = group
+            if group >= len(self.num_held):
+                self.num_held += [0] * (group + 1 - len(self.num_held))
+        self.num_held[group] += n
         if evicted:
             self.num_evicted += len(evicted)
             self._forget_oldest_dropped()
@@ -251,6 +260,7 @@ class BlockPool:
             ref_count[b] -= 1
             last_use[b] = step
             if ref_count[b] == 0:
+                self.num_held[self.group[b]] -= 1
                 if self.block_hash[b] is None:
                     self._free[b] = None
                     self._free.move_to_end(b, last=False)

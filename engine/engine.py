@@ -254,6 +254,7 @@ class Engine:
             rec.num_waiting = len(self.scheduler.waiting)
             rec.num_running = len(self.scheduler.running)
             rec.num_free_blocks, rec.num_active_blocks, rec.num_cached_blocks = pool.counts()
+            rec.group_blocks, rec.window_freed_blocks = self.manager.group_counts()
             rec.wall_s = time.monotonic() - t0
             self.step_records.append(rec)
             self.num_steps += 1

@@ -57,6 +57,7 @@ class KVCacheManager:
         self.events = ev.EventLog(record_events)
         self.step = 0
         self._registered: dict[int, list[int]] = {}  # this step: request -> blocks it registered
+        self.num_window_freed = 0  # this step: blocks released out of a sliding window
         self.seqs: dict[int, _Seq] = {}
         self.explanations: dict[int, ex.MissExplanation] = {}
         self.new_explanations: list[ex.MissExplanation] = []  # made in this step
@@ -195,6 +196,7 @@ class KVCacheManager:
                 released.append(table[i])
                 table[i] = NULL
             if released:
+                self.num_window_freed += len(released)
                 self.pool.release(released, self.step)
                 self.events.emit(ev.OUT_OF_WINDOW, self.step, request_id, released, group=g)
 
@@ -242,6 +244,7 @@ class KVCacheManager:
 
     def begin_step(self, step: int) -> None:
         self.step = step
+        self.num_window_freed = 0
         self._registered.clear()
         self.new_explanations = []
 
@@ -315,6 +318,11 @@ class KVCacheManager:
     def counters(self) -> CacheCounters:
         return CacheCounters(self.hit_tokens, self.query_tokens, self.num_requests_queried,
                              self.num_requests_hit, self.pool.num_evicted, self.num_cow_copies)
+
+    def group_counts(self) -> tuple[tuple[int, ...], int]:
+        """Blocks held by requests in each group now, and blocks released out of a sliding
+        window in this step (a StepRecord's group_blocks and window_freed_blocks)."""
+        return self.pool.held_by_group(len(self.groups)), self.num_window_freed
 
     def num_computed(self) -> dict[int, int]:
         return {r: s.num_computed for r, s in self.seqs.items()}

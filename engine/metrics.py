@@ -24,6 +24,11 @@ class StepRecord:
     query_tokens: int = 0  # prompt tokens looked up by first admissions in this step
     num_preempted: int = 0
     warmup: bool = False  # one of the first steps of a fresh engine: timings are not typical
+    # KV-cache groups (kv_groups): blocks held by requests in each group after the step (empty:
+    # not known, e.g. a session from before groups: one group, num_active_blocks), and blocks
+    # released out of a sliding window during the step (its out_of_window events' blocks)
+    group_blocks: tuple[int, ...] = ()
+    window_freed_blocks: int = 0
 
 
 @dataclass

@@ -135,11 +135,12 @@ class WhatIfReplay:
     def _record(self, mgr: KVCacheManager, i: int) -> StepRecord:
         counts, r = mgr.pool.counts(), self.trace.requests[i]
         cached = self.cached.get(i, 0)
+        held, freed = mgr.group_counts()
         return StepRecord(
             i, r.arrival_s, prefill_tokens=r.input_length - cached, batch_size=1,
             num_running=int(i in self.cached), num_cached_blocks=counts.cached,
             num_free_blocks=counts.free, num_active_blocks=counts.active, hit_tokens=cached,
-            query_tokens=r.input_length)
+            query_tokens=r.input_length, group_blocks=held, window_freed_blocks=freed)
 
     # ------------------------------------------------------------------ any step
     def state_at(self, step: int) -> StepState:

@@ -46,7 +46,8 @@ from kvscope.sessions.replay import PoolReplay
 from kvscope.sessions.seek import Seeking
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict}
+_COLUMN_TYPES = {"int": int, "float": (int, float), "bool": int, "str": str, "dict": dict,
+                 "tuple[int, ...]": tuple}
 
 
 @dataclass
@@ -333,8 +334,16 @@ class SessionReader(Seeking):
                            "WHERE step BETWEEN ? AND ? ORDER BY step", (lo, hi))
         bools = [f.name for f in known if str(f.type) == "bool"]
         out = []
+        tuples = [name for name in schema.STEP_TUPLES if name in self._step_columns]
         for r in rows:
             d = dict(zip((f.name for f in known), r, strict=True))
+            for name in tuples:
+                try:
+                    d[name] = schema.decode_step_tuple(d[name])
+                except (ValueError, AttributeError):
+                    raise CorruptSessionError(f"{self.path}: damaged session: step {d['step']}: "
+                                              f"{name} is {shown(d[name])}, expected whole "
+                                              "numbers") from None
             self._check_types(StepRecord, d, f"step {d['step']}")
             for b in bools:
                 d[b] = bool(d[b])

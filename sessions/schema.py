@@ -76,6 +76,22 @@ def step_record_columns() -> dict[str, type]:
     return cols
 
 
+# StepRecord fields that hold numbers per KV-cache group: stored as text, the numbers joined by
+# spaces ("12 4"), so a CSV export shows them as they are.
+STEP_TUPLES = tuple(f.name for f in fields(StepRecord) if str(f.type).startswith("tuple"))
+
+
+def step_row(rec: StepRecord, cols: list[str]) -> list:
+    """A StepRecord's values for these steps columns."""
+    return [" ".join(map(str, v)) if isinstance(v, tuple) else v
+            for v in (getattr(rec, c) for c in cols)]
+
+
+def decode_step_tuple(text: str | None) -> tuple[int, ...]:
+    """A per-group column's value (NULL: none); ValueError if it is not whole numbers."""
+    return tuple(int(x) for x in (text or "").split())
+
+
 def create_tables(db, step_columns: dict[str, type]) -> None:
     """Create every table of an empty session database (a sqlite_utils.Database)."""
     db["session"].create({

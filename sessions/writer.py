@@ -169,7 +169,7 @@ class SessionWriter:
                 if n:
                     event_rows.append(schema.pack_events(rec.step, self._keyed_events(events)))
                     num_events += n
-                row = [getattr(rec, c) for c in self._step_cols]
+                row = schema.step_row(rec, self._step_cols)
                 if i == last:
                     row += list(cap.totals)
                     row.append(schema.encode_nct(cap.nct))

@@ -8,83 +8,51 @@ identity (model and cache salt), and no label leaves the view."""
 
 from __future__ import annotations
 
-import bisect
 import itertools
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFontMetricsF, QTextDocument
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
-from kvscope.app.prefix_tree import TreeNode, find_runs, make_forest, walk
+from kvscope.app.panels.tree_labels import TreeLabels, requests_word
+from kvscope.app.prefix_tree import TreeNode, find_runs, group_tables, make_forest, walk
 from kvscope.app.selection import Selection
 from kvscope.app.tree_identities import Identities
+from kvscope.engine.kv_groups import KVGroup
 from kvscope.engine.snapshot import ACTIVE, CACHED, FREE, SHARED, STATE_NAMES, Snapshot
 
-MAX_LABELS = 40
-LABEL_MARGIN = 1  # px around a label's text
 STATE_BRUSH = {FREE: "#bbbbbb", ACTIVE: palette.ACTIVE_COLOR, SHARED: palette.SHARED_COLOR,
                CACHED: palette.CACHED_COLOR, -1: "#444444"}
 
 
-def _requests(n: int) -> str:
-    return f"{n} request{'s' if n != 1 else ''}"
-
-
-def node_text(node: TreeNode, snap: Snapshot, identities: Identities | None = None) -> str:
+def node_text(node: TreeNode, snap: Snapshot, identities: Identities | None = None,
+              group: int = 0) -> str:
+    """A node in words (`group`: the KV-cache group whose tree holds it)."""
     if node.is_root:
         return (identities or Identities()).words(node)
     first, last = node.blocks[0], node.blocks[-1]
     span = f"block {first}" if node.count == 1 else f"{node.count} blocks {first}…{last}"
-    owners = sorted(r for r, t in snap.block_tables.items() if first in t)
+    owners = sorted(r for r, t in group_tables(snap, group).items() if first in t)
     text = (f"{span} · {STATE_NAMES[node.state]} · ref {node.ref_count} · hit by "
-            f"{_requests(node.hits)}")
+            f"{requests_word(node.hits)}")
     if owners:
         text += " · owners " + " ".join(f"#{r}" for r in owners)
     return text
 
 
-def label_texts(node: TreeNode) -> list[str]:
-    """A node's label, longest first (empty: no label): the run's length and the requests that
-    hit it, then fewer words where the long one does not fit."""
-    count = f"×{node.count}" if node.count > 1 else ""
-    if not node.hits:
-        return [count] if count else []
-    hit = f"hit by {_requests(node.hits)}"
-    if count:
-        return [f"{count} · {hit}", count]
-    return [hit, f"hit by {node.hits}"]
+def group_layers(g: KVGroup) -> str:
+    """A group's layers in words (its entry's tooltip in the selector)."""
+    n = len(g.layers)
+    return (f"{g.name}: layer{'s' if n != 1 else ''} {', '.join(map(str, g.layers))}" if n
+            else f"{g.name}: every layer")
 
 
-def _covers(dots: tuple[list[float], float] | None, left: float, right: float) -> bool:
-    """Whether a node of this row (sorted centres, radius) reaches into [left, right]."""
-    if dots is None:
-        return False
-    centres, radius = dots
-    i = bisect.bisect_left(centres, left - radius)
-    return i < len(centres) and centres[i] < right + radius
-
-
-def _free(left: float, right: float, room: tuple[float, float],
-          labels: list[tuple[float, float]], dots: list) -> bool:
-    """Whether a label over [left, right] (px) stays in its room and covers no label placed
-    already and no node of the given rows."""
-    if left < room[0] or right > room[1]:
-        return False
-    for a, b in labels:
-        if a < right and left < b:
-            return False
-    return not any(_covers(d, left, right) for d in dots)
-
-
-def label_text(node: TreeNode) -> str:
-    texts = label_texts(node)
-    return texts[0] if texts else ""
-
-
+GROUP_TIP = ("The KV-cache group whose prefix tree is shown: each group has its own block tables "
+             "and hashes. A sliding-window group's tree shows the blocks still cached or held; "
+             "the heads of its chains, released out of the window, go as they are evicted")
 HINT = ("The prefix tree of the pool: hover a node for details; wheel to zoom, drag to pan, "
         "double-click to fit")
 FIT_PADDING = 0.08  # of the forest's extent, on each side, when fitted
@@ -95,7 +63,7 @@ def _padded(lo: float, hi: float, pad: float) -> tuple[float, float]:
     return lo - pad * span, hi + pad * span
 
 
-class PrefixTreePanel(QWidget):
+class PrefixTreePanel(TreeLabels, QWidget):
     block_clicked = Signal(object)
 
     def __init__(self, selection: Selection | None = None, parent=None):
@@ -121,25 +89,35 @@ class PrefixTreePanel(QWidget):
         self.info = QLabel(HINT)
         self.info.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.info.setWordWrap(True)
+        self.group = 0  # the KV-cache group whose tree is shown
+        self.group_box = QComboBox()
+        self.group_box.setToolTip(GROUP_TIP)
+        self.group_box.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.group_box.currentIndexChanged.connect(self.show_group)
+        self.group_row = QWidget()  # shown only for a model with several groups
+        row = QHBoxLayout(self.group_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(QLabel("KV group"))
+        row.addWidget(self.group_box)
+        row.addStretch(1)
+        self.group_row.hide()
+        self._groups: tuple[KVGroup, ...] = ()  # what the selector lists
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.group_row)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.info)
-        self.labels: list[pg.TextItem] = []
+        self._init_labels()
         self._brushes = {state: pg.mkBrush(color) for state, color in STATE_BRUSH.items()}
         self._pens = {True: pg.mkPen("#ffffff"), False: pg.mkPen(None)}
         self.forest: list[TreeNode] = []
         self.flat: list[TreeNode] = []
         self.snapshot: Snapshot | None = None
+        self._tree_group = 0  # the group of the tree shown (self.group may be newer)
         self.auto_fit = True  # until the user zooms or pans
         self._xs = self._ys = self._full_size = self._dot_size = np.zeros(0)
         self._slot_px: float | None = None  # pixels per leaf slot the sizes were made for
         self._node_of_block: np.ndarray | None = None  # built on the first highlight
-        self._candidates: list[tuple[int, list[str], list[float]]] = []  # for labels
-        self._texts: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
-        self._row_px = 0.0  # a label's height, measured with its width's slack by _measure
-        self._metrics: QFontMetricsF | None = None
-        self._slack = 0.0  # px a label's item adds to its text's advance
         self._roots: list[int] = []  # flat indices of the roots
         self._rebuild = None  # the slices of a rebuild still to run (a generator)
         self._highlighted = np.zeros(0, dtype=np.int64)
@@ -160,7 +138,35 @@ class PrefixTreePanel(QWidget):
         self.identities.learn(frame)
         if frame.snapshot is not None:
             self.latest, self.stale = frame.snapshot, True
+            self._list_groups(frame.snapshot.groups)
             self._on_selection()
+
+    def _list_groups(self, groups: tuple[KVGroup, ...]) -> None:
+        """The selector lists the snapshot's groups (hidden with one); a new list starts at
+        group 0 (full attention, where the model has it)."""
+        if groups == self._groups:
+            return
+        self._groups = groups
+        self.group_box.blockSignals(True)
+        self.group_box.clear()
+        for i, g in enumerate(groups):
+            self.group_box.addItem(g.name)
+            self.group_box.setItemData(i, group_layers(g), Qt.ToolTipRole)
+        self.group_box.blockSignals(False)
+        self.group_row.setVisible(len(groups) > 1)
+        self.group = 0
+        self.group_box.setCurrentIndex(0)
+
+    def show_group(self, group: int) -> None:
+        """Show the tree of this KV-cache group (now: the user picked it), fitted."""
+        if group < 0 or group == self.group:
+            return
+        self.group = group
+        self.group_box.setCurrentIndex(group)
+        self._hovered = None
+        self.auto_fit, self.stale = True, self.latest is not None
+        self.flush()
+        self._on_selection()
 
     def set_identity(self, model: str, digests: bool = False) -> None:
         """The model the roots' chains come from, and whether the frames' salts are digests
@@ -198,7 +204,12 @@ class PrefixTreePanel(QWidget):
         self._describe_hovered()
 
     def _on_selection(self, *_) -> None:
-        self.highlight(self.selection.highlighted(self.latest))
+        blocks, snap = self.selection.highlighted(self.latest), self.latest
+        if self.group and not self.selection.blocks and snap is not None:
+            table = group_tables(snap, self.group).get(self.selection.request)
+            if table is not None:  # the selected request's blocks in the group shown
+                blocks = table[table >= 0]
+        self.highlight(blocks)
 
     def set_snapshot(self, snap: Snapshot) -> None:
         """Build the tree of this snapshot and show it, now."""
@@ -210,7 +221,7 @@ class PrefixTreePanel(QWidget):
         """Start rebuilding the tree from this snapshot: run the first of three slices of the
         work now, the others one per advance(). The window runs a slice per frame, so that no
         frame pays for a whole rebuild (a thousand nodes cost a few milliseconds a slice)."""
-        self._rebuild = self._rebuild_slices(snap)
+        self._rebuild = self._rebuild_slices(snap, min(self.group, len(snap.groups) - 1))
         self.advance()
 
     @property
@@ -226,8 +237,8 @@ class PrefixTreePanel(QWidget):
             except StopIteration:
                 self._rebuild = None
 
-    def _rebuild_slices(self, snap: Snapshot):
-        runs = find_runs(snap)  # numpy over every block
+    def _rebuild_slices(self, snap: Snapshot, group: int):
+        runs = find_runs(snap, group=group)  # numpy over every block
         yield
         forest = make_forest(snap, runs)  # Python per node, and what is drawn from them
         flat = list(walk(forest))
@@ -239,7 +250,7 @@ class PrefixTreePanel(QWidget):
         brushes = [self._brushes[n.state] for n in flat]  # the same objects: no new symbols
         candidates = self._label_candidates(flat)
         yield
-        self.snapshot, self.forest, self.flat = snap, forest, flat
+        self.snapshot, self.forest, self.flat, self._tree_group = snap, forest, flat, group
         xs = self._xs = np.array([n.x for n in flat], dtype=float)
         ys = self._ys = np.array([n.level for n in flat], dtype=float)
         # Zoomed in: 7 to 25 px by ref count. Zoomed out: dots of 3 (cached) to 9 px.
@@ -273,10 +284,6 @@ class PrefixTreePanel(QWidget):
         self.vb.setRange(xRange=_padded(self._xs.min(), self._xs.max(), FIT_PADDING),
                          yRange=_padded(self._ys.min(), self._ys.max(), pad), padding=0)
 
-    def _label_px(self) -> float:
-        """A label's height in px."""
-        return self._row_px or QFontMetricsF(self.font()).height() + 2 * LABEL_MARGIN
-
     def _slot_pixels(self) -> float:
         """Screen pixels between two neighbouring leaves (x slots) at the current zoom."""
         (x0, x1), _ = self.vb.viewRange()
@@ -296,125 +303,6 @@ class PrefixTreePanel(QWidget):
             self._outline_stale = True
             self.highlight(self._highlighted)
         self._draw_labels()
-
-    def _measure(self, text: str) -> float:
-        """A label's width in px, as its text item draws it (the document's margins and a
-        pixel of slack around the text's advance; a text document per label costs 20x more)."""
-        if not self._row_px:
-            doc = QTextDocument()
-            doc.setDefaultFont(self.font())  # the labels' font: the application's
-            doc.setDocumentMargin(LABEL_MARGIN)
-            doc.setPlainText("×9")
-            self._row_px = doc.size().height()
-            self._metrics = QFontMetricsF(self.font())
-            self._slack = doc.size().width() - self._metrics.horizontalAdvance("×9") + 1
-        return self._metrics.horizontalAdvance(text) + self._slack
-
-    def _label_candidates(self, flat: list[TreeNode]) -> list[tuple[int, list[str], list[float]]]:
-        """(flat index, texts longest first, their widths in px) of the nodes worth a label,
-        most telling first: the roots (their identity), the longest runs, then the most hits."""
-        made = self._texts  # (blocks, hits) -> (texts, widths): most nodes share one
-        out, order = [], []
-        for i, n in enumerate(flat):
-            if n.is_root:
-                texts = self.identities.labels(n)
-                label = (texts, [self._measure(t) for t in texts])
-                rank = (0, 0, 0)
-            elif n.count > 1 or n.hits:
-                key = (n.count, n.hits)
-                label = made.get(key)
-                if label is None:
-                    texts = label_texts(n)
-                    label = made[key] = (texts, [self._measure(t) for t in texts])
-                rank = (1, -n.count, -n.hits)
-            else:
-                continue
-            out.append((i, *label))
-            order.append(rank)
-        out = [c for _, c in sorted(zip(order, out, strict=True), key=lambda p: p[0])]
-        if len(made) > 10_000:
-            made.clear()
-        return out
-
-    def _draw_labels(self) -> None:
-        """Label the nodes that matter most where a label fits inside the view without covering
-        another: right of its node, else left of it, else in fewer words; reuse the text items:
-        creating them per frame costs more than the tree."""
-        (x0, x1), (y0, y1) = self.vb.viewRange()
-        width, height = self.vb.width(), self.vb.height()
-        wanted = []
-        if self._candidates and x1 > x0 and y1 > y0 and width > 0 and height > 0:
-            sx, sy = width / (x1 - x0), height / (y1 - y0)
-            row_px = self._label_px()
-            gap = (self._sizes(self._slot_px or 1.0) / 2 + 3).tolist()  # px from the centre
-            xs, ys = self._xs.tolist(), self._ys.tolist()
-            rows: dict[int, list[tuple[float, float]]] = {}
-            dots = self._dots_by_row(x0, y0, sx, sy, row_px)
-            bounds = self._root_bounds(x0, sx, width)
-            for i, texts, text_pxs in self._candidates:
-                x, y = xs[i], ys[i]
-                if not (x0 <= x <= x1 and y0 <= y <= y1):
-                    continue
-                cx, cy = (x - x0) * sx, (y - y0) * sy
-                if cy - row_px / 2 < 0 or cy + row_px / 2 > height:
-                    continue  # it would be cut at the top or the bottom
-                row = int(cy // row_px)
-                near = list(itertools.chain(rows.get(row - 1, ()), rows.get(row, ()),
-                                            rows.get(row + 1, ())))
-                room = bounds.get(i, (0.0, width))
-                row_dots = [dots.get(r) for r in (row - 1, row, row + 1)]
-                short = text_pxs[-1]
-                if not (_free(cx + gap[i], cx + gap[i] + short, room, near, ())
-                        or _free(cx - gap[i] - short, cx - gap[i], room, near, ())):
-                    continue  # no room even for the fewest words (most nodes of a big tree)
-                # Clear of every node if it can be; else the fewest words over small dots.
-                tries = [(t, px, False) for t, px in zip(texts, text_pxs, strict=True)]
-                for text, text_px, over_nodes in tries + [(texts[-1], short, True)]:
-                    spot = next((left for left in (cx + gap[i], cx - gap[i] - text_px)
-                                 if _free(left, left + text_px, room, near,
-                                          [] if over_nodes else row_dots)), None)
-                    if spot is not None:
-                        rows.setdefault(row, []).append((spot, spot + text_px))
-                        wanted.append((x0 + spot / sx, y, text))
-                        break
-                if len(wanted) == MAX_LABELS:
-                    break
-        while len(self.labels) < len(wanted):
-            label = pg.TextItem("", color="#333333", anchor=(0, 0.5),
-                                fill=pg.mkBrush(255, 255, 255, 190))
-            label.textItem.document().setDocumentMargin(LABEL_MARGIN)
-            self.plot.addItem(label, ignoreBounds=True)
-            self.labels.append(label)
-        for label, (x, y, text) in zip(self.labels, wanted, strict=False):
-            if label.toPlainText() != text:
-                label.setText(text)
-            label.setPos(x, y)
-            label.show()
-        for label in self.labels[len(wanted):]:
-            label.hide()
-
-    def _root_bounds(self, x0: float, sx: float, width: float) -> dict[int, tuple[float, float]]:
-        """Per root (flat index), the span (px) its label may take: up to halfway to the
-        roots beside it, so that every root of a row gets a label, in fewer words if need be."""
-        at = {i: (self._xs[i] - x0) * sx for i in self._roots}
-        order = sorted(at, key=at.get)
-        cuts = ([0.0] + [(at[a] + at[b]) / 2 for a, b in itertools.pairwise(order)] + [width])
-        return {i: (max(0.0, cuts[k]), min(width, cuts[k + 1])) for k, i in enumerate(order)}
-
-    def _dots_by_row(self, x0, y0, sx, sy, row_px) -> dict[int, tuple[list[float], float]]:
-        """Per label row, the sorted x (px) of the nodes drawn in it and their largest radius:
-        a label never covers a node."""
-        if not len(self._xs):
-            return {}
-        px = (self._xs - x0) * sx
-        row = ((self._ys - y0) * sy // row_px).astype(np.int64)
-        radius = self._sizes(self._slot_px or 1.0) / 2 + 1
-        order = np.lexsort((px, row))
-        rows, starts = np.unique(row[order], return_index=True)
-        bounds = np.append(starts, len(order)).tolist()
-        px, radius = px[order].tolist(), radius[order]
-        return {r: (px[a:b], float(radius[a:b].max()))
-                for r, a, b in zip(rows.tolist(), bounds[:-1], bounds[1:], strict=True)}
 
     def highlight(self, blocks) -> None:
         wanted = np.asarray(blocks if blocks is not None else [], dtype=np.int64)
@@ -472,7 +360,8 @@ class PrefixTreePanel(QWidget):
                     self._node_of_block = self._block_index()
                 if value < len(self._node_of_block) and self._node_of_block[value] >= 0:
                     node = self.flat[self._node_of_block[value]]
-        text = HINT if node is None else node_text(node, self.snapshot, self.identities)
+        text = HINT if node is None else node_text(node, self.snapshot, self.identities,
+                                                   self._tree_group)
         if node is None:
             self._hovered = None
         if text != self.info.text():

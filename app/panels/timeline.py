@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVB
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.timeline_envelope import _bars, _peaks, _spans
+from kvscope.app.panels.timeline_groups import GroupLines
 from kvscope.app.panels.timeline_parts import EventMarkers, readout
 from kvscope.app.panels.timeline_range import RangeSelection
 from kvscope.app.panels.timeline_series import (
@@ -44,7 +45,7 @@ HOVER_HINT = ("Hover a step for its values; drag or wheel to pan and zoom, F or 
 STEP_LABEL, SECONDS_LABEL = "step", "seconds since the first step"
 
 
-class Timeline(SeriesPlots, RangeSelection, QWidget):
+class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
     step_clicked = Signal(int)
     export_range_requested = Signal(int, int)  # the first and last step of the range shown
 
@@ -104,6 +105,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
                                    "from the cache / prompt tokens looked up", ticks=(0, 50, 100))
         for p in (self.token_plot, self.block_plot, self.hit_plot):
             p.setXLink(self.time_plot)
+        self._init_groups()  # the KV-groups plot: lines only for a model with several groups
         self.hit_plot.setYRange(0, 100, padding=0.05)
         for p in self.plots.values():
             p.setLabel("bottom", STEP_LABEL)
@@ -141,12 +143,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.show_plots(PLOTS)  # all of them; the window shows the user's choice (use_settings)
         self.cursors, self.hover_lines = [], []
         for p in (self.time_plot, self.token_plot, self.block_plot, self.hit_plot):
-            for lines, pen in ((self.cursors, pg.mkPen("#000000", width=1)),
-                               (self.hover_lines, pg.mkPen("#888888", width=1, style=Qt.DashLine))):
-                line = pg.InfiniteLine(angle=90, movable=False, pen=pen)
-                line.hide()
-                p.addItem(line)
-                lines.append(line)
+            self._add_step_lines(p)
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self.glw.scene().sigMouseMoved.connect(self._on_hover)
         self.glw.viewport().installEventFilter(self)  # leaving, double-click
@@ -164,7 +161,18 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.time_plot.vb.sigXRangeChanged.connect(self._on_x_range)
         self.time_plot.vb.sigResized.connect(self._on_x_range)
 
+    def _add_step_lines(self, plot: pg.PlotItem) -> None:
+        """The plot's cursor (the step shown) and hover line (the step under the mouse)."""
+        for lines, pen in ((self.cursors, pg.mkPen("#000000", width=1)),
+                           (self.hover_lines, pg.mkPen("#888888", width=1, style=Qt.DashLine))):
+            line = pg.InfiniteLine(angle=90, movable=False, pen=pen)
+            line.hide()
+            plot.addItem(line)
+            lines.append(line)
+
     def show_frame(self, frame: Frame) -> None:
+        if frame.snapshot is not None:
+            self.name_groups(frame.snapshot.groups)
         self.redrew = self.add_records(frame.records)  # first: the markers' steps have an x
         if frame.dead_counts is not None:  # a flat 0 is not drawn (nor listed)
             steps, counts = frame.dead_counts
@@ -178,6 +186,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self.x = self.data["step"]
         self._hit = self._query = 0
         self.markers.clear()
+        self._clear_groups()
         self.clear_range()
         self.time_plot.setXRange(0, 1, padding=0)  # not the last run's steps: nothing yet
         self.fit()  # a new run: follow it again
@@ -271,6 +280,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
         self._hit, self._query = int(cols["hit_tokens"][-1]), int(cols["query_tokens"][-1])
         for f in FIELDS:
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
+        self._add_group_records(records)
         self.x = self._x_of(self.data)
         self._pending += len(records)
         if not self.isVisible():
@@ -316,6 +326,7 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
             (self.free_curve, d["free"]),
             (self.hit_curve, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
                                        where=q > 0)),
+            *self._group_lines(),
         ]
         vb = self.time_plot.vb
         follow = bool(vb.autoRangeEnabled()[0])
@@ -393,8 +404,8 @@ class Timeline(SeriesPlots, RangeSelection, QWidget):
             if i is not None:
                 line.setValue(self.x[i])
         if i is not None:
-            self.readout.setText(self._readout_of(self.data, i,
-                                                  self.markers.at(int(self.data["step"][i]))))
+            self.readout.setText(self._readout_of(self.data, i, self.markers.at(
+                int(self.data["step"][i]))) + self._groups_readout(i))
 
     def set_readout(self, text_of=None) -> None:
         """What the readout says at the step under the mouse: text_of(data, i, events), in the

@@ -20,12 +20,16 @@ from PySide6.QtGui import QAction
 from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis, StepAxis
 
-PLOTS = ("time", "tokens", "blocks", "hit")  # top to bottom; "batch": the tokens plot's right axis
+# top to bottom; "batch": the tokens plot's right axis; "groups" only for a model with several
+# KV-cache groups (timeline_groups.py)
+PLOTS = ("time", "tokens", "blocks", "groups", "hit")
 BATCH_LABEL = "batch"
 # What the user can show (the View menu and the plots' right-click menu; kept in QSettings);
 # the time plot always is (it holds the x range, the events and the selected range).
 PLOT_NAMES = {"time": "Forward time per step", "tokens": "Tokens and batch size",
-              "blocks": "Blocks (active, cached, free)", "hit": "Token hit rate"}
+              "blocks": "Blocks (active, cached, free)",
+              "groups": "KV groups (blocks per group, freed by the window)",
+              "hit": "Token hit rate"}
 DEFAULT_PLOTS = ("time", "blocks")  # two plots fit a short dock with their titles
 PLOTS_KEY = "timeline/plots"
 TITLE_MIN_HEIGHT = 64  # px per plot shown, and one more, before the x and batch titles show
@@ -71,6 +75,7 @@ class SeriesPlots:
         self._required: tuple[str, ...] = ()  # the source's (require_plots)
         self._settings = None  # where the user's choice is kept (use_settings)
         self.plot_actions: dict[str, QAction] = {}
+        self.num_groups = 1  # KV-cache groups of the run shown: the groups plot needs two
 
     # ------------------------------------------------------------------ plots
     def _plot(self, name: str, label: str, tip: str, ticks=None) -> pg.PlotItem:
@@ -142,6 +147,8 @@ class SeriesPlots:
 
     def _lay_out_plots(self) -> None:
         want = set(self._chosen) | set(self._required)
+        if self.num_groups < 2:
+            want.discard("groups")
         shown = tuple(n for n in PLOTS if n in want)
         self.shown_plots = shown
         layout = self.glw.ci.layout
@@ -156,6 +163,7 @@ class SeriesPlots:
         for name, action in self.plot_actions.items():
             action.setChecked(name in shown)
             action.setEnabled(name != "time" and name not in self._required)
+            action.setVisible(name != "groups" or self.num_groups > 1)
         self._update_titles()
         self._legend_changed()
 

@@ -9,9 +9,11 @@ import pytest
 from image_compare import ARTIFACTS, to_array
 from PySide6.QtCore import QPointF
 
-from kvscope.app.panels.prefix_tree_panel import MAX_LABELS, PrefixTreePanel, label_text, node_text
+from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel, node_text
+from kvscope.app.panels.tree_labels import MAX_LABELS, label_text
 from kvscope.app.prefix_tree import ROOT, TreeNode, _layout, build_tree, walk
 from kvscope.engine import KVCacheManager
+from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.engine.snapshot import ACTIVE, CACHED, SHARED
 
 BS = 16
@@ -110,9 +112,13 @@ def test_a_thousand_nodes_build_quickly_enough_to_draw(qtbot):
     assert len(panel.flat) == len(list(walk(build_tree(snap))))
 
 
-def reference_tree(snap, collapse=True):
-    """The tree by a plain walk over every block, block by block: what build_tree must give."""
-    hashes, parents = snap.block_hash.tolist(), snap.parent_hash.tolist()
+def reference_tree(snap, collapse=True, hashes=None, parents=None, tables=None):
+    """The tree by a plain walk over every block, block by block: what build_tree must give.
+    `hashes` and `parents` (per block, falsy: none) and `tables` (lists, -1 a null) default to
+    the snapshot's."""
+    if hashes is None:
+        hashes, parents = snap.block_hash.tolist(), snap.parent_hash.tolist()
+        tables = [t.tolist() for t in snap.block_tables.values()]
     hashed = [b for b in range(snap.num_blocks) if hashes[b]]
     by_hash = {hashes[b]: b for b in hashed}
     children, root_children = {}, {}
@@ -121,12 +127,11 @@ def reference_tree(snap, collapse=True):
         (root_children.setdefault(parents[b], []) if p is None
          else children.setdefault(p, [])).append(b)
     placed = set(hashed)
-    for table in snap.block_tables.values():
-        table = table.tolist()
+    for table in tables:
         for i, b in enumerate(table):
-            if b not in placed:
+            if b != -1 and b not in placed:
                 placed.add(b)
-                (children.setdefault(table[i - 1], []) if i
+                (children.setdefault(table[i - 1], []) if i and table[i - 1] != -1
                  else root_children.setdefault(0, [])).append(b)
     state, ref, hits = snap.state.tolist(), snap.ref_count.tolist(), snap.hit_count.tolist()
     forest = []
@@ -159,11 +164,14 @@ def shape(forest):
              n.parent.blocks if n.parent else None) for n in walk(forest)]
 
 
-def random_pool(seed: int) -> KVCacheManager:
-    """Requests over shared prefixes, follow-up turns, forks, salts, frees and evictions."""
+def random_pool(seed: int, hybrid: bool = False) -> KVCacheManager:
+    """Requests over shared prefixes, follow-up turns, forks, salts, frees and evictions;
+    `hybrid`: on a full-attention and a sliding-window group, with decodes (blocks leave the
+    window)."""
     rng = random.Random(seed)
-    bs = rng.choice([1, 2, 4, 16])
-    mgr = KVCacheManager(rng.randrange(8, 160), bs)
+    bs = rng.choice([1, 2, 4] if hybrid else [1, 2, 4, 16])
+    groups = (KVGroup(), KVGroup(rng.choice([bs, 2 * bs, 3 * bs + 1]))) if hybrid else ONE_GROUP
+    mgr = KVCacheManager(rng.randrange(8, 160), bs, groups=groups)
     prompts = {}
     for rid in range(rng.randrange(1, 40)):
         live, op = list(mgr.seqs), rng.random()
@@ -172,6 +180,14 @@ def random_pool(seed: int) -> KVCacheManager:
             continue
         if live and op < 0.25:
             mgr.fork(rng.choice(live), 1000 + rid)
+            continue
+        if hybrid and live and rng.random() < 0.3:
+            r, n = rng.choice(live), rng.randrange(1, 3 * bs)
+            mgr.append_token_ids(r, [rng.randrange(5) for _ in range(n)])
+            if mgr.can_allocate(r, n):
+                mgr.allocate(r, n)
+            else:
+                mgr.free(r)
             continue
         if prompts and op < 0.6:
             prompt = prompts[rng.choice(list(prompts))] + [rng.randrange(5)
