@@ -204,12 +204,7 @@ class PrefixTreePanel(TreeLabels, QWidget):
         self._describe_hovered()
 
     def _on_selection(self, *_) -> None:
-        blocks, snap = self.selection.highlighted(self.latest), self.latest
-        if self.group and not self.selection.blocks and snap is not None:
-            table = group_tables(snap, self.group).get(self.selection.request)
-            if table is not None:  # the selected request's blocks in the group shown
-                blocks = table[table >= 0]
-        self.highlight(blocks)
+        self.highlight(self.selection.highlighted(self.latest))  # (the shown group's nodes)
 
     def set_snapshot(self, snap: Snapshot) -> None:
         """Build the tree of this snapshot and show it, now."""

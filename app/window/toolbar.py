@@ -35,8 +35,8 @@ class ModelBox(QComboBox):
         self.setEditable(True)
         self.setInsertPolicy(QComboBox.NoInsert)  # a typed name that fails is not listed
         self.addItem("demo", "demo")
-        self.addItem("demo-hybrid (sliding window 128 on half the layers)", "demo-hybrid")
         self.addItem("SmolLM2-135M-Instruct (real)", "smollm2")
+        self.addItem("demo-hybrid (sliding window 128 on half the layers)", "demo-hybrid")
         # As wide as a short name, not the longest entry: the toolbar must fit 1280 px.
         self.setMaximumWidth(self.fontMetrics().horizontalAdvance("demo") + 40)
         self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)

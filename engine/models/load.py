@@ -301,8 +301,8 @@ def load_model(name_or_path: str | os.PathLike, device: str | torch.device = "cp
     for f in files:  # each tensor is read once, converted, and kept
         with safe_open(f, framework="pt", device=str(device)) as sf:
             for key in sf.keys():  # noqa: SIM118
-                if (name := _renamed(key, prefixes)) in expected:
-                    state[name] = sf.get_tensor(key).to(dtype)
+                if (renamed := _renamed(key, prefixes)) in expected:
+                    state[renamed] = sf.get_tensor(key).to(dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     model.requires_grad_(False).eval()

@@ -77,3 +77,57 @@ def test_the_demo_mid_run_reads_at_a_glance(qtbot, tmp_path, size):
     if size == (1600, 1000) and os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
         assert shot.save(str(Path(__file__).resolve().parents[2] / "docs" / "main_window.png"))
     w.close()
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1600, 1000)])
+def test_the_hybrid_demo_mid_run_marks_the_window_group_and_its_released_blocks(
+        qtbot, tmp_path, size):
+    """demo-hybrid playing long_context.jsonl, paused while a document is read: the window
+    group's blocks carry the white corner (cached ones too: released out of the window while
+    the request runs), full attention's none; the running request's block tables show both
+    groups, the window's with nulls. Saved as artifacts; at 1600x1000 with
+    KVSCOPE_UPDATE_SCREENSHOTS=1 also as docs/hybrid_window.png."""
+    from test_pool_groups import CORNER, WHITE
+
+    w = open_window(qtbot, tmp_path)
+    w.resize(*size)
+    w.reset_layout()
+    w.blocks_box.setValue(512)
+    w.load_model("demo-hybrid")
+    qtbot.waitUntil(lambda: w.model_name == "demo-hybrid" and not w.engine_client.loading,
+                    timeout=30_000)
+    w.pace_box.setValue(40)
+    w.setFocus()
+    qtbot.keyClick(w, Qt.Key_F5)
+
+    def reading() -> bool:  # a request decoding past its window, blocks of both groups held
+        s = w.snapshot
+        return (s is not None and len(s.groups) == 2 and len(s.more_tables[0]) >= 2
+                and any((t == -1).sum() >= 20 for t in s.more_tables[0].values()))
+
+    qtbot.waitUntil(reading, timeout=60_000)
+    w.pause()
+    qtbot.waitUntil(lambda: not w.running, timeout=10_000)
+    qtbot.wait(300)
+    snap = w.snapshot
+    rid = max(r for r, t in snap.more_tables[0].items() if (t == -1).any())
+    w.selection.select_request(rid)
+    qtbot.wait(100)
+
+    image = grab_pool(w.pool)
+    window_cached = np.flatnonzero((snap.state == CACHED) & (snap.block_group == 1))
+    full_held = np.flatnonzero((snap.ref_count > 0) & (snap.block_group == 0))
+    assert len(window_cached) >= 20 and len(full_held) >= 50
+    for b in window_cached[:5]:
+        assert np.abs(np.subtract(cell_pixel(w.pool, image, int(b), *CORNER), WHITE)).max() < 8
+    for b in full_held[:5]:
+        assert np.abs(np.subtract(cell_pixel(w.pool, image, int(b), *CORNER), WHITE)).max() > 60
+    text = w.requests.block_table.toPlainText()
+    assert "full attention" in text and "sliding window 128" in text and "∅" in text
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = w.grab().toImage()
+    assert shot.save(str(ARTIFACTS / f"demo_hybrid_{size[0]}x{size[1]}.png"))
+    if size == (1600, 1000) and os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
+        assert shot.save(str(Path(__file__).resolve().parents[2] / "docs" / "hybrid_window.png"))
+    w.close()

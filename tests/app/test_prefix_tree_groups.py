@@ -150,8 +150,10 @@ def test_a_window_groups_node_clicked_is_outlined_in_the_pool(qtbot, tmp_path):
     held = next(n for n in tree.flat if not n.is_root and n.state == ACTIVE)
     click_node(qtbot, tree, held)
     assert w.selection.blocks == (held.blocks[0],)
+    assert w.selection.request == 0  # its owner, found in the window group's table
     assert pool.highlighted.tolist() == [held.blocks[0]] == [window[6]]
     # a selected request: its blocks of the group shown are outlined in the tree
+    w.selection.select_request(None)
     w.selection.select_request(0)
     xs = sorted(tree.outline.data["x"])
     assert xs == sorted(n.x for n in tree.flat if not n.is_root and n.state == ACTIVE)

@@ -18,7 +18,7 @@ from kvscope.lab.workload_run import WorkloadRunner, percentile, summarize
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "resources" / "workloads"
 SHIPPED = ("shared_system_prompt", "multi_turn_chat", "eviction_pressure", "two_tenants",
-           "chat_conversations", "demo")
+           "chat_conversations", "demo", "long_context")
 BS = 4
 
 

@@ -55,7 +55,7 @@ def decode(loaded, steps=10, lengths=(5, 17, 9), **runner_args):
 
 # Gemma's layers, and models with two KV-cache groups (full and windowed layers: a table and a
 # slot mapping per group), take the per-layer path by design.
-TWO_GROUPS = ("qwen2_window_layers", "qwen3_layer_types")
+TWO_GROUPS = ("qwen2_window_layers", "qwen3_layer_types", "ministral_layers")
 
 
 @pytest.mark.parametrize(("spec", "threads", "batch"), [(s, 1, 3) for s in sorted(MODEL_SPECS)
