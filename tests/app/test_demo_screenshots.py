@@ -71,11 +71,17 @@ def test_the_demo_mid_run_reads_at_a_glance(qtbot, tmp_path, size):
     qtbot.waitUntil(lambda: t.time_plot.vb.viewRange()[0][1] >= t.data["step"][-1] - 0.5)
 
     assert w.size().width() == size[0] and w.size().height() == size[1]
+    save_shot(w, "demo", size, "main_window.png")
+
+
+def save_shot(w, name: str, size: tuple[int, int], readme_image: str) -> None:
+    """The window as an artifact; at 1600x1000 with KVSCOPE_UPDATE_SCREENSHOTS=1 also as the
+    README's image in docs/. Closes the window."""
     ARTIFACTS.mkdir(exist_ok=True)
     shot = w.grab().toImage()
-    assert shot.save(str(ARTIFACTS / f"demo_{size[0]}x{size[1]}.png"))
+    assert shot.save(str(ARTIFACTS / f"{name}_{size[0]}x{size[1]}.png"))
     if size == (1600, 1000) and os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
-        assert shot.save(str(Path(__file__).resolve().parents[2] / "docs" / "main_window.png"))
+        assert shot.save(str(Path(__file__).resolve().parents[2] / "docs" / readme_image))
     w.close()
 
 
@@ -124,10 +130,4 @@ def test_the_hybrid_demo_mid_run_marks_the_window_group_and_its_released_blocks(
         assert np.abs(np.subtract(cell_pixel(w.pool, image, int(b), *CORNER), WHITE)).max() > 60
     text = w.requests.block_table.toPlainText()
     assert "full attention" in text and "sliding window 128" in text and "∅" in text
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = w.grab().toImage()
-    assert shot.save(str(ARTIFACTS / f"demo_hybrid_{size[0]}x{size[1]}.png"))
-    if size == (1600, 1000) and os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1":
-        assert shot.save(str(Path(__file__).resolve().parents[2] / "docs" / "hybrid_window.png"))
-    w.close()
+    save_shot(w, "demo_hybrid", size, "hybrid_window.png")

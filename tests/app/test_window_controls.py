@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QEvent, QPoint, Qt
@@ -197,9 +198,12 @@ def test_run_demo_on_demo_hybrid_plays_the_long_context_demo_and_the_window_free
     w.pace_box.setValue(0)
     pick(qtbot, w.model_box, "demo-hybrid (sliding window 128 on half the layers)")
     loaded(qtbot, w, "demo-hybrid")
+    sent = []  # the workloads the window hands its engine process
+    send = w.engine_client.run_workload
+    w.engine_client.run_workload = lambda workload: (sent.append(workload), send(workload))
     w.setFocus()
     qtbot.keyClick(w, Qt.Key_F5)
-    qtbot.waitUntil(lambda: "long_context.jsonl" in w.status.text(), timeout=5000)
+    assert [Path(x.source).name for x in sent] == ["long_context.jsonl"]
 
     def released() -> bool:
         s = w.snapshot
