@@ -201,9 +201,13 @@ def test_run_demo_on_demo_hybrid_plays_the_long_context_demo_and_the_window_free
     sent = []  # the workloads the window hands its engine process
     send = w.engine_client.run_workload
     w.engine_client.run_workload = lambda workload: (sent.append(workload), send(workload))
+    qtbot.waitUntil(lambda: "Press Run demo (F5)" in w.status.text())
+    w.activateWindow()  # back from the Model list's popup
+    qtbot.waitUntil(w.isActiveWindow)
     w.setFocus()
     qtbot.keyClick(w, Qt.Key_F5)
-    assert [Path(x.source).name for x in sent] == ["long_context.jsonl"]
+    qtbot.waitUntil(lambda: len(sent) == 1)
+    assert Path(sent[0].source).name == "long_context.jsonl"
 
     def released() -> bool:
         s = w.snapshot
