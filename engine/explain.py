@@ -60,7 +60,7 @@ class MissExplanation:
         if self.reason == WINDOW_CUT:
             reach = self.reach_blocks * bs
             before = (f"full attention cached {reach:,} tokens" if self.full_attention
-                      else f"the prompt has {reach:,} tokens in full blocks before its last")
+                      else f"the cache holds blocks of this prompt up to token {reach:,}")
             return (f"{hit}: {before}; the {self.cut_by_group} group had "
                     f"{self.group_blocks_found} of the {self.group_blocks_needed} blocks it "
                     f"needs right before token {reach:,}, so the hit is "

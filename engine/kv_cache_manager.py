@@ -422,7 +422,11 @@ class KVCacheManager:
         if num_hit == (n - 1) // self.block_size:
             return ex.MissExplanation(reason=ex.FULL_HIT, **base)
         full = [g for g, group in enumerate(self.groups) if group.window is None]
-        reach = min((group_hits[g] for g in full), default=(n - 1) // self.block_size)
+        reach = min((group_hits[g] for g in full), default=None)
+        if reach is None:  # windows only: as far as a block of the prompt is cached in each
+            h2b, hashes = self.pool.hash_to_block, seq.hashes[: (n - 1) // self.block_size]
+            reach = min(max((i + 1 for i, h in enumerate(hashes) if group_key(h, g) in h2b),
+                            default=0) for g in range(len(self.groups)))
         if num_hit < reach:  # a sliding-window group cut what full attention (or the prompt) had
             return self._explain_window_cut(seq, reach, bool(full), group_hits, base)
         base["first_miss_block"] = num_hit

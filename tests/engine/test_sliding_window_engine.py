@@ -20,6 +20,7 @@ from test_engine import (
 )
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
+from kvscope.engine import explain as ex
 from kvscope.engine.models.load import load_model
 
 BS = 4
@@ -53,6 +54,28 @@ def test_chunked_prefill_and_preemption_give_transformers_tokens(windowed, reque
     assert sum(r.num_preempted for r in small_engine.step_records) > 0
     assert [o.token_ids for o in small] == want
     assert check_pool(small_engine).num_active_blocks == 0
+
+
+def test_a_prefix_hit_the_window_group_cuts_gives_transformers_tokens(windowed, request):
+    """A (40 tokens) runs in chunks, so its window blocks leave the window early; a request on
+    A's first 12 tokens takes its first window blocks back; C's blocks then evict the window
+    blocks A released first. B shares A's first 28 tokens: the cache reaches further than 12
+    of them (full attention's blocks were released last), but the window group lacks the blocks
+    it needs before that point and has them only before token 12: a hit of 12 tokens, and
+    transformers' tokens."""
+    _, hf = windowed
+    a = prompt(40, seed=1)
+    b = a[:28] + prompt(6, seed=3)
+    spec = request.node.callspec.params["windowed"]
+    engine = make(windowed, num_blocks=PREEMPTING_POOL.get(spec, 32), max_num_batched_tokens=8)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for p in (a, a[:12] + prompt(5, seed=9), prompt(28, seed=7)):
+        engine.generate([p], params)
+    out = engine.generate([b], params)[0]
+    why = engine.explain_miss(out.request_id)
+    assert why.reason == ex.WINDOW_CUT, why.message
+    assert out.num_cached_tokens == 12 < why.reach_blocks * BS <= 28
+    assert out.token_ids == hf_greedy(hf, b, 8)
 
 
 def test_the_window_changes_the_tokens(windowed):
