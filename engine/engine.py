@@ -195,7 +195,7 @@ class Engine:
     def dead_blocks(self) -> np.ndarray:
         """Cached blocks no lookup can reach any more, an ancestor in their chain having been
         evicted (engine/dead.py); costs about a microsecond per cached block."""
-        return np.flatnonzero(dead_blocks_in_pool(self.manager.pool))
+        return np.flatnonzero(dead_blocks_in_pool(self.manager.pool, self.groups))
 
     def explain_miss(self, request_id: int) -> MissExplanation:
         return self.manager.explain_miss(request_id)

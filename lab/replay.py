@@ -104,7 +104,7 @@ class WhatIfReplay:
             self.counters.append(mgr.counters())
             self.explanations.update((w.request_id, w) for w in mgr.new_explanations)
             if i % every_dead == 0 or i == n - 1:
-                dead.append((i, int(dead_blocks_in_pool(mgr.pool).sum())))
+                dead.append((i, int(dead_blocks_in_pool(mgr.pool, mgr.groups).sum())))
             if progress is not None and (i % every_report == 0 or i == n - 1):
                 progress(i + 1, n)
         self.dead_counts = tuple(np.array(c) for c in zip(*dead, strict=True)) if dead else \
@@ -163,7 +163,8 @@ class WhatIfReplay:
             c.events = self._admit(c.manager, c.step, count_stats=False)
         snap = c.manager.snapshot()
         snap.counters = self.counters[step]  # the cursor counts nothing: the pass's totals
-        return StepState(snap, c.events, np.flatnonzero(dead_blocks_in_pool(c.manager.pool)))
+        dead = dead_blocks_in_pool(c.manager.pool, c.manager.groups)
+        return StepState(snap, c.events, np.flatnonzero(dead))
 
     def explanation(self, request_id: int, step: int | None = None) -> MissExplanation | None:
         """As the manager judged it when the request was admitted, if it was by `step` (None:

@@ -38,7 +38,7 @@ class Residency:
                     self.lifetime.append(i - self._stored.pop(b))
                     self.idle_before_evict.append(i - self._last.pop(b))
         if self.sample_every and i % self.sample_every == 0:
-            self.dead.append((i, int(dead_blocks_in_pool(mgr.pool).sum())))
+            self.dead.append((i, int(dead_blocks_in_pool(mgr.pool, mgr.groups).sum())))
 
     def percentile(self, name: str, q: float) -> float | None:
         values = getattr(self, name)

@@ -8,8 +8,11 @@ window group no longer needs the blocks wholly before token n - 8 + 1."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
+from kvscope.engine.dead import dead_blocks_in_pool, dead_blocks_in_snapshot
 from kvscope.engine.kv_cache_manager import KVCacheManager
 from kvscope.engine.kv_groups import NULL, KVGroup, group_key, groups_of
 
@@ -99,3 +102,41 @@ def test_groups_of_a_models_layers():
     assert groups_of([7, 7]) == (KVGroup(7, (0, 1)),)
     assert groups_of([None, None]) == (KVGroup(None, (0, 1)),)
     assert group_key(b"h" * 32, 0) == b"h" * 32 != group_key(b"h" * 32, 1)
+
+
+def test_a_window_block_is_dead_when_full_attention_lost_its_tokens_not_its_window_parent():
+    """A (41 tokens, then one more) leaves 8 window blocks released and 3 held; freed, all cached.
+    B's 4 blocks evict the window blocks released first (the parent of A's held window blocks):
+    nothing is dead, a window needs no earlier block. B's next 20 tokens evict full attention's
+    tail (blocks 7-10): the window blocks of the same tokens (8, 9) are dead, a hit never reaches
+    them; a windows-only model has no dead block."""
+    import random
+
+    rng = random.Random(0)
+    a = [rng.randrange(1000) for _ in range(41)]
+    mgr = KVCacheManager(23, BS, groups=(KVGroup(), KVGroup(window=W, layers=(1,))))
+    mgr.admit(1, a)
+    mgr.append_token_ids(1, [5])
+    mgr.allocate(1, 1)
+    full, window = mgr.block_table(1, 0)[:], mgr.block_table(1, 1)[:]
+    assert window[:8] == [NULL] * 8
+    mgr.free(1)
+
+    def dead() -> list[int]:
+        mask = dead_blocks_in_pool(mgr.pool, mgr.groups)
+        assert (mask == dead_blocks_in_snapshot(mgr.snapshot(), mgr.pool.chain_roots)).all()
+        return np.flatnonzero(mask).tolist()
+
+    mgr.admit(2, [rng.randrange(1000) for _ in range(8)])
+    assert mgr.pool.block_hash[window[8]] is not None  # cached, its window parent evicted
+    assert dead() == []
+    mgr.append_token_ids(2, list(range(20)))
+    mgr.allocate(2, 20)
+    assert [mgr.pool.ref_count[b] for b in full[6:10]] == [0, 1, 1, 1]  # 7-9 are B's now
+    assert dead() == window[8:10]
+
+    only = KVCacheManager(8, BS, groups=(KVGroup(window=W),), eviction_policy="fifo")
+    only.admit(1, a[:13])
+    only.free(1)
+    only.admit(2, a[20:28])  # fifo: evicts the chain's head
+    assert np.flatnonzero(dead_blocks_in_pool(only.pool, only.groups)).tolist() == []
