@@ -94,6 +94,9 @@ class BlockPool:
         self.evicted_history = evicted_history  # 0: remember none (no miss explanations)
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
+        # When a list (a host tier takes the evicted KV): allocate appends each evicted block's
+        # (block, hash, parent) to it, for the caller to take and clear.
+        self.evicted_keys: list[tuple[int, BlockHash, BlockHash]] | None = None
 
     @property
     def num_available(self) -> int:
@@ -145,6 +148,7 @@ class BlockPool:
         new.hash_to_block, new.dropped = self.hash_to_block.copy(), self.dropped.copy()
         new.copies = {h: c[:] for h, c in self.copies.items()}
         new.chain_roots = set(self.chain_roots)
+        new.evicted_keys = None if self.evicted_keys is None else self.evicted_keys[:]
         return new
 
     @classmethod
@@ -222,13 +226,15 @@ class BlockPool:
         ref_count, last_use, block_hash, hash_to_block, pop = self.ref_count, self.last_use, \
             self.block_hash, self.hash_to_block, cached.pop
         remember = self.dropped if self.evicted_history else None
-        copies = self.copies
+        copies, keys = self.copies, self.evicted_keys
         for _ in range(n):
             if free:
                 b = free.popitem(last=False)[0]
             else:  # _drop_hash, inlined: this loop is the trace lab's hot path
                 b = pop()
                 h = block_hash[b]
+                if keys is not None:
+                    keys.append((b, h, self.parent_hash[b]))
                 if h in copies:
                     self._unregister(b, h)
                 else:

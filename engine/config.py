@@ -96,6 +96,10 @@ class EngineConfig:
     # use, beside the dense one the decode kernels read), for 1.1-1.7x faster prefill products.
     # Off by default: it adds about 0.8x the model's weight memory (425 MB on SmolLM2-135M).
     prepack_cpu_weights: bool = False
+    # A host tier of this many blocks behind the pool (engine/host_tier.py: evicted blocks are
+    # copied there, prefix hits found there are loaded back); 0: none. Its own policy.
+    host_blocks: int = 0
+    host_eviction_policy: str = "lru"
 
     def __post_init__(self):
         own = "EngineConfig"
@@ -104,6 +108,7 @@ class EngineConfig:
         if self.num_blocks is not None:
             _int_at_least(own, "num_blocks", self.num_blocks, 1)
         _int_at_least(own, "warmup_steps", self.warmup_steps, 0)
+        _int_at_least(own, "host_blocks", self.host_blocks, 0)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"{own}.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)},"
                              f" got {shown(self.kv_cache_dtype)}")
@@ -117,9 +122,10 @@ class EngineConfig:
                              f"{shown(self.gpu_memory_fraction)}")
         _bools(own, self, ("enable_prefix_caching", "enable_kv_cache", "record_events",
                           "prepack_cpu_weights"))
-        if policies.check(self.eviction_policy):
-            raise ValueError(f"{own}.eviction_policy must be one of "
-                             f"{', '.join(policies.names())}, got {shown(self.eviction_policy)}")
+        for name in ("eviction_policy", "host_eviction_policy"):
+            if policies.check(getattr(self, name)):
+                raise ValueError(f"{own}.{name} must be one of {', '.join(policies.names())}, "
+                                 f"got {shown(getattr(self, name))}")
 
 
 DEFAULT_CPU_BLOCKS = 2048

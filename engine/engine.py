@@ -46,13 +46,15 @@ class Engine:
                 loaded, config.block_size, config.kv_cache_dtype, self.device,
                 config.gpu_memory_fraction))
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
-                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights)
+                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights,
+                                  host_blocks=config.host_blocks)
         # the model part of every chain's root hash (see block_hash.ExtraKeys)
         self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
                                       config.record_events, config.eviction_policy,
-                                      self.runner.groups)
+                                      self.runner.groups, config.host_blocks,
+                                      config.host_eviction_policy)
         self.events = self.manager.events
         self.scheduler = Scheduler(config, self.manager)
         self.requests: dict[int, Request] = {}
@@ -298,6 +300,12 @@ class Engine:
         rec.num_preempted = len(sched.preempted)
         rec.hit_tokens, rec.query_tokens = sched.hit_tokens, sched.query_tokens
         chunks = sched.chunks
+        host = self.manager.host
+        if host is not None and (host.offloads or host.loads):
+            t0 = time.perf_counter()
+            self.runner.transfer(host.offloads, host.loads)
+            rec.transfer_s = time.perf_counter() - t0
+            rec.offloaded_blocks, rec.loaded_blocks = len(host.offloads), len(host.loads)
         if not chunks:
             return
         try:

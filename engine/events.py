@@ -49,6 +49,17 @@ class EventKind(str, enum.Enum):
     UNCACHED = "uncached"
     """Hashes withdrawn because the forward pass that was to write their KV failed (`blocks`).
     vLLM's BlockRemoved."""
+    # The host tier (kvscope.engine.host_tier): `blocks` of a copy are its sources, then its
+    # destinations (`sources`, `destinations`); `hashes` as CACHED's.
+    OFFLOADED = "offloaded"
+    """Evicted device blocks copied to host blocks under their hashes. vLLM's BlockStored
+    with medium "CPU"."""
+    LOADED = "loaded"
+    """Host blocks copied back into fresh device blocks, registered there under their hashes
+    (a prefix hit from the host). vLLM's BlockStored with medium "GPU"."""
+    HOST_EVICTED = "host_evicted"
+    """Host blocks whose hash was dropped to take another (`blocks`: host blocks). vLLM's
+    BlockRemoved with medium "CPU"."""
     # Request events (the scheduler and the engine).
     ARRIVED = "arrived"
     """add_request accepted it into the waiting queue (`prompt_tokens`)."""
@@ -81,6 +92,9 @@ COW = EventKind.COW
 FORKED = EventKind.FORKED
 RESET = EventKind.RESET
 UNCACHED = EventKind.UNCACHED
+OFFLOADED = EventKind.OFFLOADED
+LOADED = EventKind.LOADED
+HOST_EVICTED = EventKind.HOST_EVICTED
 ARRIVED = EventKind.ARRIVED
 ADMITTED = EventKind.ADMITTED
 PREFILL = EventKind.PREFILL
@@ -92,6 +106,7 @@ FINISHED = EventKind.FINISHED
 
 BLOCK_EVENTS = (ALLOCATED, CACHE_HIT, CACHED, EVICTED, FREED, OUT_OF_WINDOW, COW, FORKED, RESET,
                 UNCACHED)
+HOST_EVENTS = (OFFLOADED, LOADED, HOST_EVICTED)
 REQUEST_EVENTS = (ARRIVED, ADMITTED, PREFILL, DECODE, PREEMPTED, CANCELLED, REJECTED, FINISHED)
 
 # The named values each kind carries in `Event.values`, in order.
@@ -162,16 +177,39 @@ class Event:
         return self.blocks[1]
 
     @property
+    def sources(self) -> tuple[int, ...]:
+        """OFFLOADED: the device blocks copied; LOADED: the host blocks copied."""
+        self._only_copy()
+        return self.blocks[:len(self.blocks) // 2]
+
+    @property
+    def destinations(self) -> tuple[int, ...]:
+        """OFFLOADED: the host blocks written; LOADED: the device blocks written."""
+        self._only_copy()
+        return self.blocks[len(self.blocks) // 2:]
+
+    def _only_copy(self) -> None:
+        if self.kind not in (EventKind.OFFLOADED, EventKind.LOADED):
+            raise ValueError(f"a {self.kind} event has no such field (only offloaded and "
+                             "loaded have)")
+
+    @property
     def block_hashes(self) -> tuple[int, ...]:
-        """CACHED: the short hash of each block."""
-        self._only(EventKind.CACHED)
-        return self.hashes[:len(self.blocks)]
+        """CACHED: the short hash of each block (OFFLOADED, LOADED: of each copy)."""
+        n = self._num_hashed()
+        return self.hashes[:n]
 
     @property
     def parent_hashes(self) -> tuple[int, ...]:
-        """CACHED: the short hash of each block's chain parent."""
+        """CACHED: the short hash of each block's chain parent (OFFLOADED, LOADED: of each
+        copy's)."""
+        return self.hashes[self._num_hashed():]
+
+    def _num_hashed(self) -> int:
+        if self.kind in (EventKind.OFFLOADED, EventKind.LOADED):
+            return len(self.blocks) // 2
         self._only(EventKind.CACHED)
-        return self.hashes[len(self.blocks):]
+        return len(self.blocks)
 
 
 class EventLog:

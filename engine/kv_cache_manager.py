@@ -23,6 +23,7 @@ from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
+from kvscope.engine.host_tier import HostCounters, HostTier
 from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup, group_key
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 
@@ -38,14 +39,20 @@ class _Seq:
     tables: list[list[int]]  # one block table per group (NULL: released out of a window)
     num_computed: int = 0
     num_registered: int = 0  # leading full blocks already offered to the cache
+    host_tokens: int = 0  # of the prompt's cached tokens, those loaded from the host tier
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
                  model_fingerprint: str = "", record_events: bool = True,
-                 eviction_policy: str = "lru", groups: tuple[KVGroup, ...] = ONE_GROUP):
+                 eviction_policy: str = "lru", groups: tuple[KVGroup, ...] = ONE_GROUP,
+                 host_blocks: int = 0, host_eviction_policy: str = "lru"):
+        """`host_blocks`: a host tier of that many blocks behind the pool (engine.host_tier)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if host_blocks and len(groups) > 1:
+            raise ValueError(f"a host tier with {len(groups)} KV-cache groups is not supported "
+                             "yet (a model with one kind of attention layer only)")
         self.block_size = block_size
         self.groups = tuple(groups) or ONE_GROUP
         # vLLM's lookup order: full-attention groups first (a tight first bound)
@@ -55,6 +62,8 @@ class KVCacheManager:
         self.model_fingerprint = model_fingerprint
         self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
         self.events = ev.EventLog(record_events)
+        self.host = (HostTier(host_blocks, self.pool, self.events, host_eviction_policy)
+                     if host_blocks else None)
         self.step = 0
         self._registered: dict[int, list[int]] = {}  # this step: request -> blocks it registered
         self.num_window_freed = 0  # this step: blocks released out of a sliding window
@@ -70,8 +79,10 @@ class KVCacheManager:
     def can_admit(self, token_ids: list[int], num_new_tokens: int, cache_salt: str | None = None,
                   adapter: str | None = None) -> bool:
         keys = self._keys(cache_salt, adapter)
-        num_hit, hit, _ = self._lookup(self._chain(keys, token_ids), len(token_ids))
-        num_cached = num_hit * self.block_size
+        chain = self._chain(keys, token_ids)
+        num_hit, hit, _ = self._lookup(chain, len(token_ids))
+        num_cached = (num_hit + len(self._host_hit(chain[1], num_hit, len(token_ids)))) \
+            * self.block_size
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         return self._admit_cost(hit, num_cached, num_new_tokens) <= self.pool.num_available
 
@@ -94,7 +105,8 @@ class KVCacheManager:
             root = self._recent_keys.get(keys) or root_hash(keys)
             hashes = list(block_hashes) if self.enable_prefix_caching else []
         num_hit, hit, group_hits = self._lookup((root, hashes), len(token_ids))
-        num_cached = num_hit * self.block_size
+        loaded = self._host_hit(hashes, num_hit, len(token_ids))
+        num_cached = (num_hit + len(loaded)) * self.block_size
         if num_new_tokens is None:
             num_new_tokens = len(token_ids) - num_cached
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
@@ -111,19 +123,43 @@ class KVCacheManager:
             if table:  # (a table of nulls too: a replay rebuilds it from the event)
                 self.events.emit(ev.CACHE_HIT, self.step, request_id, table, group=g)
             tables.append(table)
-        seq = _Seq(list(token_ids), keys, root, hashes, tables, num_cached, num_hit)
+        if loaded:
+            self._load(request_id, loaded, tables[0], root, hashes, num_hit)
+        num_hit += len(loaded)
+        seq = _Seq(list(token_ids), keys, root, hashes, tables, num_cached, num_hit,
+                   len(loaded) * self.block_size)
         self.seqs[request_id] = seq
         if count_stats:
             self.query_tokens += len(token_ids)
             self.hit_tokens += num_cached
             self.num_requests_queried += 1
             self.num_requests_hit += bool(num_hit)
+            if loaded:
+                self.host.hit_tokens += seq.host_tokens
             why = self._explain(request_id, seq, num_hit, group_hits)
             self.explanations[request_id] = why
             self.new_explanations.append(why)
         self._remember_keys(keys, root)
         self.allocate(request_id, num_new_tokens)
         return num_cached
+
+    def _host_hit(self, hashes: list[bytes], num_hit: int, num_tokens: int) -> list[int]:
+        """The host blocks that go on where the device's hit stops (none without a tier)."""
+        if self.host is None:
+            return []
+        return self.host.hit(hashes[num_hit: (num_tokens - 1) // self.block_size])
+
+    def _load(self, request_id: int, loaded: list[int], table: list[int], root: bytes,
+              hashes: list[bytes], num_hit: int) -> None:
+        """Fresh device blocks for the host blocks the prompt hit, registered under their
+        hashes; the copies are queued (a failed forward withdraws them as its own)."""
+        self.host.hold(self.step, loaded)
+        dst = self._fresh(request_id, len(loaded))
+        end = num_hit + len(loaded)
+        self.host.load(self.step, request_id, loaded, dst, hashes[num_hit:end],
+                       [root, *hashes][num_hit:end], num_hit == 0)
+        table += dst
+        self._registered.setdefault(request_id, []).extend(dst)
 
     def _admit_cost(self, hit: list[list[int]], num_cached: int, num_new_tokens: int) -> int:
         """Blocks the pool must give up: cached blocks taken by the hit plus fresh ones."""
@@ -215,6 +251,8 @@ class KVCacheManager:
         blocks, evicted = self.pool.allocate(n, self.step, group)
         if evicted:
             self.events.emit(ev.EVICTED, self.step, request_id, evicted, group=group)
+            if self.host is not None:
+                self.host.offload_evicted(self.step, request_id)
         self.events.emit(ev.ALLOCATED, self.step, request_id, blocks, group=group)
         return blocks
 
@@ -244,6 +282,8 @@ class KVCacheManager:
 
     def begin_step(self, step: int) -> None:
         self.step = step
+        if self.host is not None:
+            self.host.begin_step(step)
         self.num_window_freed = 0
         self._registered.clear()
         self.new_explanations = []
@@ -323,6 +363,14 @@ class KVCacheManager:
         """Blocks held by requests in each group now, and blocks released out of a sliding
         window in this step (a StepRecord's group_blocks and window_freed_blocks)."""
         return self.pool.held_by_group(len(self.groups)), self.num_window_freed
+
+    def host_counters(self) -> HostCounters:
+        """The host tier's totals (all zero without one)."""
+        return HostCounters() if self.host is None else self.host.counters()
+
+    def host_tokens(self, request_id: int) -> int:
+        """Of the request's cached prompt tokens, those loaded from the host tier."""
+        return self.seqs[request_id].host_tokens
 
     def num_computed(self) -> dict[int, int]:
         return {r: s.num_computed for r, s in self.seqs.items()}

@@ -29,6 +29,11 @@ class StepRecord:
     # released out of a sliding window during the step (its out_of_window events' blocks)
     group_blocks: tuple[int, ...] = ()
     window_freed_blocks: int = 0
+    # The host tier (host_tier): blocks copied device -> host and host -> device before this
+    # step's forward pass, and the copies' time (a host sync on CUDA: timed on the host)
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
+    transfer_s: float = 0.0
 
 
 @dataclass
@@ -40,6 +45,7 @@ class RequestMetrics:
     token_times_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, those loaded back from the host tier
     num_preemptions: int = 0
 
     @property

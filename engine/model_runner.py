@@ -84,14 +84,15 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
                  kernel_impl: str | None = None, prepack_cpu_weights: bool = False,
-                 groups: tuple[KVGroup, ...] | None = None):
+                 groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0):
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
         forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests).
         ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it).
         ``groups``: the KV-cache groups (default: the model's, from its layers' windows). Layer
         i of a group uses the group's block tables and slice i of the KV tensor, which the
         groups share (a block is in one group's table at a time): the tensor has as many
-        slices as the largest group has layers."""
+        slices as the largest group has layers. ``host_blocks``: the host tier's KV, in host
+        memory (pinned on CUDA), the same layout (see ``transfer``)."""
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
@@ -117,6 +118,9 @@ class ModelRunner:
         shape = (slices, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_cache = (kernels.cpu.zeros(shape, self.cache_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
+        host_shape = (slices, 2, host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.host_kv = torch.zeros(host_shape, dtype=self.cache_dtype,
+                                   pin_memory=self.device.type == "cuda") if host_blocks else None
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False
@@ -150,6 +154,20 @@ class ModelRunner:
     @property
     def is_fp8(self) -> bool:
         return self.cache_dtype == torch.float8_e4m3fn
+
+    @torch.inference_mode()
+    def transfer(self, offloads: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]
+                 ) -> None:
+        """The host tier's copies, before a step's forward pass: offloads (device block ->
+        host block) first, as they read device blocks that loads may overwrite, then loads
+        (host block -> device block). Every layer's K and V of each block."""
+        dev, host = self.kv_cache, self.host_kv
+        if offloads:
+            src, dst = (torch.tensor(x, dtype=torch.int64) for x in zip(*offloads, strict=True))
+            host[:, :, dst] = dev[:, :, src.to(dev.device)].to("cpu")
+        if loads:
+            src, dst = (torch.tensor(x, dtype=torch.int64) for x in zip(*loads, strict=True))
+            dev[:, :, dst.to(dev.device)] = host[:, :, src].to(dev.device, non_blocking=True)
 
     @torch.inference_mode()
     def run(self, chunks: Sequence[SeqChunk], copies: Sequence[tuple[int, int]] = ()

@@ -91,6 +91,7 @@ class Scheduler:
             if first:
                 req.metrics.first_scheduled_s = now
                 req.metrics.cached_tokens = cached
+                req.metrics.host_cached_tokens = mgr.host_tokens(req.request_id)
                 out.hit_tokens += cached
                 out.query_tokens += len(tokens)
             self.running.append(req)

@@ -25,7 +25,7 @@ from kvscope.engine.snapshot import CacheCounters, Snapshot
 from kvscope.sessions.errors import ReplayError
 from kvscope.sessions.schema import event_columns, split_kind
 
-_BLOCK_EVENTS = frozenset(ev.BLOCK_EVENTS)
+_BLOCK_EVENTS = frozenset((*ev.BLOCK_EVENTS, ev.LOADED))  # (a load registers device blocks)
 # The packed hashes column holds uint64s in the machine's order: on a little-endian machine its
 # 8-byte slices are the pool's keys as they are (no int -> bytes per hash).
 _RAW_KEYS = sys.byteorder == "little"
@@ -143,6 +143,9 @@ class PoolReplay:
         elif kind == ev.UNCACHED:
             for b in blocks:
                 pool.uncache(b)
+        elif kind == ev.LOADED:  # from the host tier into fresh device blocks: cached there
+            n = len(blocks) // 2
+            self._cache(blocks[n:], [_key(h) for h in hashes], st)
 
     def _cache(self, blocks: list[int], keys: list[bytes], st: int) -> None:
         """keys: the blocks' hashes, then their chain parents' (as the pool's keys)."""

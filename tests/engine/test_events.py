@@ -32,4 +32,4 @@ def test_copy_on_write_and_cached_fields_are_named_and_match_the_pool():
 def test_kinds_print_and_compare_as_their_names():
     assert ev.CACHED == "cached" and str(ev.CACHED) == "cached" and f"{ev.FREED}" == "freed"
     assert ev.EventKind("uncached") is ev.UNCACHED
-    assert set(ev.BLOCK_EVENTS) | set(ev.REQUEST_EVENTS) == set(ev.EventKind)
+    assert set(ev.BLOCK_EVENTS) | set(ev.HOST_EVENTS) | set(ev.REQUEST_EVENTS) == set(ev.EventKind)

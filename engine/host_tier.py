@@ -1,0 +1,106 @@
+"""The host tier: a second pool of blocks in host memory behind the device pool. Torch-free.
+
+As the offloading tiers of serving engines (vLLM's CPU offloading connector, LMCache, SGLang's
+HiCache), by this rule: when a cached device block is evicted, its KV is copied to a host block
+under the same hash (an offload: a copy, the hash is then resident on the host); a prefix lookup
+that stops on the device goes on in the host tier, and the blocks found there are loaded back
+into fresh device blocks (registered on the device under their hash) before the request's
+forward pass. The host pool is a `BlockPool` with its own eviction policy: its evictions drop a
+hash for good. The chained hashes are the device's, identity (model, adapter, salt) included.
+
+The copies are made by the model runner before the step's forward pass, in this order: this
+step's offloads (they read device blocks before anything overwrites them), then its loads. A
+host block loaded in a step is held until the next step begins, so no offload of that step can
+take it (and overwrite it) before it is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.engine import events as ev
+from kvscope.engine.block_hash import short_hash
+from kvscope.engine.block_pool import BlockPool
+
+
+@dataclass(frozen=True, slots=True)
+class HostCounters:
+    """The host tier's running totals."""
+
+    hit_tokens: int = 0  # prompt tokens served from host blocks (loaded back)
+    num_offloaded_blocks: int = 0  # device blocks copied to the host when evicted
+    num_loaded_blocks: int = 0  # host blocks copied back into device blocks
+    num_evicted_blocks: int = 0  # host blocks whose hash was dropped to take another
+
+
+class HostTier:
+    def __init__(self, num_blocks: int, device: BlockPool, log: ev.EventLog,
+                 eviction_policy: str = "lru"):
+        self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
+        self.device, self.log = device, log
+        device.evicted_keys = []
+        self.offloads: list[tuple[int, int]] = []  # this step: (device block, host block)
+        self.loads: list[tuple[int, int]] = []  # this step: (host block, device block)
+        self._held: list[int] = []  # host blocks loaded this step, held until the next
+        self.hit_tokens = self.num_offloaded = self.num_loaded = 0
+
+    def begin_step(self, step: int) -> None:
+        """The previous step's copies are made: its loaded host blocks may be taken again."""
+        if self._held:
+            self.pool.release(self._held[::-1], step)
+        self._held, self.offloads, self.loads = [], [], []
+
+    def offload_evicted(self, step: int, request_id: int | None) -> None:
+        """Copy the device blocks just evicted to host blocks (a hash the host holds already
+        is not copied again)."""
+        keys, self.device.evicted_keys = self.device.evicted_keys, []
+        host = self.pool
+        keys = [k for k in keys if k[1] not in host.hash_to_block]
+        keys = keys[: host.num_available]  # (the rest: every host block is held this step)
+        if not keys:
+            return
+        got, evicted = host.allocate(len(keys), step)
+        if evicted:
+            self.log.emit(ev.HOST_EVICTED, step, request_id, evicted)
+        for b, (_, h, parent) in zip(got, keys, strict=True):
+            host.cache(b, h, parent, parent in self.device.chain_roots)
+        host.release(got[::-1], step)
+        sources = [b for b, _, _ in keys]
+        self.offloads += zip(sources, got, strict=True)
+        self.num_offloaded += len(got)
+        if self.log.enabled:
+            self.log.emit(ev.OFFLOADED, step, request_id, (*sources, *got),
+                          hashes=(*(short_hash(h) for _, h, _ in keys),
+                                  *(short_hash(p) for _, _, p in keys)))
+
+    def hit(self, hashes: list[bytes]) -> list[int]:
+        """The host blocks holding `hashes` from the first, up to a miss."""
+        h2b, out = self.pool.hash_to_block, []
+        for h in hashes:
+            b = h2b.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def hold(self, step: int, host_blocks: list[int]) -> None:
+        """Hold host blocks about to be loaded until the next step (before the device blocks
+        they go to are allocated, whose evictions may offload)."""
+        self.pool.take(host_blocks, step, hit=True)
+        self._held += host_blocks
+
+    def load(self, step: int, request_id: int, host_blocks: list[int], device_blocks: list[int],
+             hashes: list[bytes], parents: list[bytes], first: bool) -> None:
+        """Register `device_blocks` (fresh, held by the request) under the hashes the (held)
+        host blocks hold, and queue the copies; `first`: the first of them opens its chain."""
+        for i, (b, h, p) in enumerate(zip(device_blocks, hashes, parents, strict=True)):
+            self.device.cache(b, h, p, first and i == 0)
+        self.loads += zip(host_blocks, device_blocks, strict=True)
+        self.num_loaded += len(host_blocks)
+        if self.log.enabled:
+            self.log.emit(ev.LOADED, step, request_id, (*host_blocks, *device_blocks),
+                          hashes=(*map(short_hash, hashes), *map(short_hash, parents)))
+
+    def counters(self) -> HostCounters:
+        return HostCounters(self.hit_tokens, self.num_offloaded, self.num_loaded,
+                            self.pool.num_evicted)
