@@ -97,8 +97,10 @@ class EngineConfig:
     # Off by default: it adds about 0.8x the model's weight memory (425 MB on SmolLM2-135M).
     prepack_cpu_weights: bool = False
     # A host tier of this many blocks behind the pool (engine/host_tier.py: evicted blocks are
-    # copied there, prefix hits found there are loaded back); 0: none. Its own policy.
+    # copied there, prefix hits found there are loaded back), or of as many blocks as fit in
+    # host_bytes of host memory; 0: none. Its own eviction policy.
     host_blocks: int = 0
+    host_bytes: int = 0
     host_eviction_policy: str = "lru"
 
     def __post_init__(self):
@@ -109,6 +111,9 @@ class EngineConfig:
             _int_at_least(own, "num_blocks", self.num_blocks, 1)
         _int_at_least(own, "warmup_steps", self.warmup_steps, 0)
         _int_at_least(own, "host_blocks", self.host_blocks, 0)
+        _int_at_least(own, "host_bytes", self.host_bytes, 0)
+        if self.host_blocks and self.host_bytes:
+            raise ValueError(f"{own}: give host_blocks or host_bytes, not both")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"{own}.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)},"
                              f" got {shown(self.kv_cache_dtype)}")

@@ -46,14 +46,20 @@ class Engine:
                 loaded, config.block_size, config.kv_cache_dtype, self.device,
                 config.gpu_memory_fraction))
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
-                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights,
-                                  host_blocks=config.host_blocks)
+                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights)
+        host_blocks = config.host_blocks or config.host_bytes // (
+            self.runner.kv_bytes_per_token * config.block_size)
+        if config.host_bytes and not host_blocks:
+            raise ValueError(f"host_bytes {config.host_bytes} holds no block of "
+                             f"{self.runner.kv_bytes_per_token * config.block_size} bytes")
+        if host_blocks:
+            self.runner.add_host_tier(host_blocks)
         # the model part of every chain's root hash (see block_hash.ExtraKeys)
         self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
                                       config.record_events, config.eviction_policy,
-                                      self.runner.groups, config.host_blocks,
+                                      self.runner.groups, host_blocks,
                                       config.host_eviction_policy)
         self.events = self.manager.events
         self.scheduler = Scheduler(config, self.manager)

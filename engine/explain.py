@@ -34,6 +34,10 @@ class MissExplanation:
     group_blocks_needed: int = 0
     group_blocks_found: int = 0
     full_attention: bool = False  # the model has full-attention layers (they reached the point)
+    # The host tier: blocks of the hit loaded back from it; for EVICTED, the step its host copy
+    # was evicted too (None: it never had one, or no host tier)
+    host_hit_blocks: int = 0
+    host_dropped_at_step: int | None = None
 
     @property
     def num_hit_tokens(self) -> int:
@@ -43,6 +47,9 @@ class MissExplanation:
     def message(self) -> str:
         bs, n = self.block_size, self.num_prompt_tokens
         hit = f"{self.num_hit_blocks} block(s) ({self.num_hit_tokens} tokens) reused"
+        if self.host_hit_blocks:
+            hit += (f" ({self.host_hit_blocks} of them evicted from the device earlier and loaded "
+                    "back from the host tier)")
         if self.reason == FULL_HIT:
             tail = n % bs
             if tail:
@@ -69,8 +76,10 @@ class MissExplanation:
         where = f"block {i} (tokens {i * bs}-{(i + 1) * bs - 1})"
         if self.reason == EVICTED:
             how = "dropped by a cache reset" if self.dropped_by == "reset" else "evicted"
+            host = ("" if self.host_dropped_at_step is None else
+                    f", and its copy on the host tier evicted at step {self.host_dropped_at_step}")
             return f"{hit}; first miss at {where}: it was cached, then {how} at step " \
-                   f"{self.dropped_at_step}."
+                   f"{self.dropped_at_step}{host}."
         if self.reason == DIFFERENT_EXTRA_KEYS:
             keys = ", ".join(self.differing_keys)
             return (f"{hit}; first miss at {where}: the same tokens are cached under a different "

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
+from kvscope.engine.admission_misses import explain_admission
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
 from kvscope.engine.host_tier import HostCounters, HostTier
@@ -136,7 +137,7 @@ class KVCacheManager:
             self.num_requests_hit += bool(num_hit)
             if loaded:
                 self.host.hit_tokens += seq.host_tokens
-            why = self._explain(request_id, seq, num_hit, group_hits)
+            why = explain_admission(self, request_id, seq, num_hit, group_hits)
             self.explanations[request_id] = why
             self.new_explanations.append(why)
         self._remember_keys(keys, root)
@@ -457,58 +458,6 @@ class KVCacheManager:
         self._recent_keys.move_to_end(keys)
         if len(self._recent_keys) > MAX_KEYS_CHECKED:
             self._recent_keys.popitem(last=False)
-
-    def _explain(self, request_id: int, seq: _Seq, num_hit: int,
-                 group_hits: tuple[int, ...]) -> ex.MissExplanation:
-        n = len(seq.token_ids)
-        base = dict(request_id=request_id, num_prompt_tokens=n, block_size=self.block_size,
-                    num_hit_blocks=num_hit)
-        if not self.enable_prefix_caching:
-            return ex.MissExplanation(reason=ex.CACHING_DISABLED, **base)
-        if n <= self.block_size:  # no full block before the last token
-            return ex.MissExplanation(reason=ex.TOO_SHORT, **base)
-        if num_hit == (n - 1) // self.block_size:
-            return ex.MissExplanation(reason=ex.FULL_HIT, **base)
-        full = [g for g, group in enumerate(self.groups) if group.window is None]
-        reach = min((group_hits[g] for g in full), default=None)
-        if reach is None:  # windows only: as far as a block of the prompt is cached in each
-            h2b, hashes = self.pool.hash_to_block, seq.hashes[: (n - 1) // self.block_size]
-            reach = min(max((i + 1 for i, h in enumerate(hashes) if group_key(h, g) in h2b),
-                            default=0) for g in range(len(self.groups)))
-        if num_hit < reach:  # a sliding-window group cut what full attention (or the prompt) had
-            return self._explain_window_cut(seq, reach, bool(full), group_hits, base)
-        base["first_miss_block"] = num_hit
-        g = full[0] if full else 0
-        h = group_key(seq.hashes[num_hit], g)
-        if h in self.pool.dropped:
-            step, why = self.pool.dropped[h]
-            return ex.MissExplanation(reason=ex.EVICTED, dropped_at_step=step, dropped_by=why,
-                                      **base)
-        prefix = seq.token_ids[: (num_hit + 1) * self.block_size]
-        for keys, root in reversed(self._recent_keys.items()):
-            if keys != seq.keys:
-                other = group_key(hash_blocks(root, prefix, self.block_size)[-1], g)
-                if other in self.pool.hash_to_block or other in self.pool.dropped:
-                    return ex.MissExplanation(reason=ex.DIFFERENT_EXTRA_KEYS,
-                                              differing_keys=tuple(seq.keys.differing(keys)),
-                                              **base)
-        if self.pool.forgot_any:
-            return ex.MissExplanation(reason=ex.FORGOTTEN, **base)
-        return ex.MissExplanation(reason=ex.NEVER_STORED, **base)
-
-    def _explain_window_cut(self, seq: _Seq, reach: int, full_attention: bool,
-                            group_hits: tuple[int, ...], base: dict) -> ex.MissExplanation:
-        """The window group that accepted least, and how many of the blocks it needs before
-        the point full attention reached it found cached."""
-        g = min((g for g, group in enumerate(self.groups) if group.window is not None),
-                key=lambda g: group_hits[g])
-        need = self.groups[g].blocks_for_hit(self.block_size)
-        wanted = seq.hashes[max(0, reach - need):reach]
-        found = sum(group_key(h, g) in self.pool.hash_to_block for h in wanted)
-        return ex.MissExplanation(reason=ex.WINDOW_CUT, first_miss_block=base["num_hit_blocks"],
-                                  cut_by_group=self.groups[g].name, reach_blocks=reach,
-                                  group_blocks_needed=len(wanted), group_blocks_found=found,
-                                  full_attention=full_attention, **base)
 
 
 __all__ = ["KVCacheManager", "NoFreeBlocksError"]

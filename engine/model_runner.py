@@ -54,13 +54,13 @@ def available_memory(device: torch.device) -> int:
 
 
 def check_pool_fits(num_blocks: int, block_size: int, bytes_per_token: int,
-                    device: torch.device) -> None:
-    """Refuse, before allocating, a KV pool larger than the memory there is."""
+                    device: torch.device, what: str = "the KV pool") -> None:
+    """Refuse, before allocating, a KV pool (or host tier) larger than the memory there is."""
     need = num_blocks * block_size * bytes_per_token
     have = available_memory(device)
     if need > have:
         raise ValueError(
-            f"the KV pool needs {_gib(need)} ({num_blocks} blocks x {block_size} tokens x "
+            f"{what} needs {_gib(need)} ({num_blocks} blocks x {block_size} tokens x "
             f"{bytes_per_token} bytes per token) but only {_gib(have)} of "
             f"{'GPU memory is free' if device.type == 'cuda' else 'memory is available'}: "
             "use fewer blocks or a smaller block size")
@@ -84,15 +84,14 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
                  kernel_impl: str | None = None, prepack_cpu_weights: bool = False,
-                 groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0):
+                 groups: tuple[KVGroup, ...] | None = None):
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
         forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests).
         ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it).
         ``groups``: the KV-cache groups (default: the model's, from its layers' windows). Layer
         i of a group uses the group's block tables and slice i of the KV tensor, which the
         groups share (a block is in one group's table at a time): the tensor has as many
-        slices as the largest group has layers. ``host_blocks``: the host tier's KV, in host
-        memory (pinned on CUDA), the same layout (see ``transfer``)."""
+        slices as the largest group has layers."""
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
@@ -118,9 +117,7 @@ class ModelRunner:
         shape = (slices, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_cache = (kernels.cpu.zeros(shape, self.cache_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
-        host_shape = (slices, 2, host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.host_kv = torch.zeros(host_shape, dtype=self.cache_dtype,
-                                   pin_memory=self.device.type == "cuda") if host_blocks else None
+        self.host_kv: torch.Tensor | None = None  # the host tier's KV (add_host_tier)
         self.k_scales = [1.0] * cfg.num_layers
         self.v_scales = [1.0] * cfg.num_layers
         self._stored_any = False
@@ -154,6 +151,16 @@ class ModelRunner:
     @property
     def is_fp8(self) -> bool:
         return self.cache_dtype == torch.float8_e4m3fn
+
+    def add_host_tier(self, num_blocks: int) -> None:
+        """The host tier's KV: `num_blocks` blocks in host memory (pinned on CUDA), the layout of
+        the device's (see `transfer`)."""
+        bytes_per_token = self.kv_bytes_per_token
+        check_pool_fits(num_blocks, self.block_size, bytes_per_token, torch.device("cpu"),
+                        "the host tier")
+        shape = (*self.kv_cache.shape[:2], num_blocks, *self.kv_cache.shape[3:])
+        self.host_kv = torch.zeros(shape, dtype=self.cache_dtype,
+                                   pin_memory=self.device.type == "cuda")
 
     @torch.inference_mode()
     def transfer(self, offloads: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]

@@ -276,6 +276,12 @@ class RunSummary(HitRates):
     num_evictions: int  # cached blocks whose hash was dropped to reuse the block
     num_preemptions: int
     num_steps: int
+    # The host tier (None: the engine has none): of hit_tokens, those loaded back from it;
+    # blocks copied there and back; the copies' time
+    host_hit_tokens: int | None = None
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
+    transfer_s: float = 0.0
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -334,4 +340,9 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         num_evictions=engine.counters().num_evicted_blocks - result.evicted_before,
         num_preemptions=sum(s.num_preempted for s in steps),
         num_steps=len(steps),
+        host_hit_tokens=(sum(m.host_cached_tokens for m in admitted)
+                         if engine.manager.host is not None else None),
+        offloaded_blocks=sum(s.offloaded_blocks for s in steps),
+        loaded_blocks=sum(s.loaded_blocks for s in steps),
+        transfer_s=sum(s.transfer_s for s in steps),
     )

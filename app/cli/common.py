@@ -39,6 +39,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+_SIZES = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
+
+
+def host_size(text: str) -> tuple[int, int]:
+    """--host-blocks: (blocks, 0) for a whole number, (0, bytes) for a size with a unit."""
+    unit = next((u for u in _SIZES if text.endswith(u)), None)
+    number = text[: -len(unit)] if unit else text
+    try:
+        value = float(number) if unit else int(number)
+    except ValueError:
+        value = -1
+    if not value >= (0 if unit else 1) or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of blocks (an integer >= 1) or a size such as 2GiB or 512MiB, "
+            f"got {text!r}")
+    return (0, int(value * _SIZES[unit])) if unit else (value, 0)
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
     g.add_argument("--model", default=DEFAULT_MODEL,
@@ -64,6 +82,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="token budget per step (default 1024)")
     g.add_argument("--max-num-seqs", type=positive_int, default=64,
                    help="running requests at most (default 64)")
+    g.add_argument("--host-blocks", type=host_size, default=(0, 0), metavar="N|SIZE",
+                   help="a host tier behind the pool: N blocks, or a size such as 2GiB or "
+                   "512MiB (blocks of the model's KV that fit). Evicted blocks are copied there "
+                   "and prefix hits found there are loaded back (default: none)")
+    g.add_argument("--host-eviction-policy", choices=policies.names(), default="lru",
+                   help="which host block is reused first (default: lru)")
     g.add_argument("--prepack-cpu-weights", action="store_true",
                    help="CPU prefill on oneDNN with a reordered copy of each weight: faster "
                    "prefill, about 0.8x the weights in extra memory")
@@ -122,7 +146,9 @@ def _load_engine(args: argparse.Namespace):
                               max_num_batched_tokens=args.max_batched_tokens,
                               max_num_seqs=args.max_num_seqs,
                               eviction_policy=args.eviction_policy,
-                              prepack_cpu_weights=args.prepack_cpu_weights)
+                              prepack_cpu_weights=args.prepack_cpu_weights,
+                              host_blocks=args.host_blocks[0], host_bytes=args.host_blocks[1],
+                              host_eviction_policy=args.host_eviction_policy)
         return Engine.from_pretrained(args.model, config)
     except ModelLoadError as e:
         raise CliError(f"cannot load model {args.model!r}: {e}") from None
@@ -134,7 +160,9 @@ def describe_engine(engine, model: str) -> str:
     c = engine.config
     mode = ("no KV cache (naive loop)" if not c.enable_kv_cache else
             "prefix cache " + ("on" if c.enable_prefix_caching else "off"))
-    return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens, "
+    host = engine.manager.host
+    tier = f", host tier {host.pool.num_blocks} blocks" if host is not None else ""
+    return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens{tier}, "
             f"KV {engine.runner.cache_dtype}, {mode}".replace("torch.", ""))
 
 

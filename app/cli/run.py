@@ -140,6 +140,9 @@ def format_summary(s: RunSummary) -> str:
         ("request hit rate", f"{pct(s.request_hit_rate)} ({s.num_requests_hit} of "
                              f"{s.num_requests_queried} requests reused a cached block)"),
         ("evictions", f"{s.num_evictions} blocks"),
+        *([("host tier", f"{s.host_hit_tokens} of the cached tokens loaded back from it; "
+                         f"{s.offloaded_blocks} blocks copied there, {s.loaded_blocks} back, "
+                         f"in {ms(s.transfer_s)}")] if s.host_hit_tokens is not None else []),
         ("preemptions", f"{s.num_preemptions}"),
         ("tokens", f"{s.prompt_tokens} prompt, {s.output_tokens} output"),
         ("steps", f"{s.num_steps} in {s.duration_s:.2f} s"),

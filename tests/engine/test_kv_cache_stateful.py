@@ -1,5 +1,5 @@
 """Random admit / append / fork / free / cancel / reset sequences against the cache manager,
-under each eviction policy.
+under each eviction policy, and with a host tier.
 
 Besides the bookkeeping invariants, a shadow KV store plays the model runner: it performs the
 copy-on-write copies and writes each computed token into its slot. Every request must then read
@@ -26,12 +26,14 @@ PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9], [7] * 13, []]
 
 class CacheMachine(RuleBasedStateMachine):
     policy = "lru"
+    host_blocks = 0
+    num_device_blocks = 12
 
     def __init__(self):
         super().__init__()
-        self.num_blocks = 12
+        self.num_blocks = self.num_device_blocks
         self.mgr = KVCacheManager(self.num_blocks, BLOCK_SIZE, model_fingerprint="m",
-                                  eviction_policy=self.policy)
+                                  eviction_policy=self.policy, host_blocks=self.host_blocks)
         self.released_at: dict[int, int] = {}  # block -> when it was last released (for lru)
         release, clock = self.mgr.pool.release, itertools.count()
 
@@ -46,6 +48,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.ops = 0
 
     def _write(self, rid, start, copies):
+        self._transfer()
         for src, dst in copies:
             self.kv[dst] = list(self.kv[src])
         seq = self.mgr.seqs[rid]
@@ -109,6 +112,9 @@ class CacheMachine(RuleBasedStateMachine):
     def next_step(self):
         self.mgr.step += 1
 
+    def _transfer(self) -> None:
+        """The host tier's copies queued since the last ones made (none without a tier)."""
+
     @invariant()
     def bookkeeping(self):
         mgr, pool = self.mgr, self.mgr.pool
@@ -167,6 +173,59 @@ class CacheMachine(RuleBasedStateMachine):
         TOTAL_OPS.append(self.ops)
 
 
+class HostMachine(CacheMachine):
+    """A host tier of 3 blocks behind 5 (evictions come often): its shadow store takes the
+    offloads and gives the loads back, so a request that hit from the host reads its own tokens
+    only if the right KV came back; and every host block holds the tokens of its hash (no copy
+    lost or mixed)."""
+
+    host_blocks, num_device_blocks = 3, 5
+
+    def __init__(self):
+        super().__init__()
+        self.host_kv = [None] * self.host_blocks
+        self.done = (0, 0)  # offloads and loads of this step already made
+        self.tokens_of: dict = {}  # block hash -> the tokens it stands for
+
+    def _transfer(self) -> None:
+        host = self.mgr.host
+        o, n = self.done
+        for d, h in host.offloads[o:]:
+            self.host_kv[h] = list(self.kv[d])
+        for h, d in host.loads[n:]:
+            self.kv[d] = list(self.host_kv[h])
+        self.done = (len(host.offloads), len(host.loads))
+        for seq in self.mgr.seqs.values():
+            for i in range(seq.num_registered):
+                self.tokens_of[seq.hashes[i]] = seq.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+
+    @rule()
+    def next_step(self):
+        self.mgr.begin_step(self.mgr.step + 1)
+        self.done = (0, 0)
+
+    @invariant()
+    def the_host_tier_keeps_each_hash_once_with_its_tokens(self):
+        pool = self.mgr.host.pool
+        assert not pool.copies  # a hash the host holds is not copied again
+        assert sorted(pool.hash_to_block.values()) == \
+            [b for b, h in enumerate(pool.block_hash) if h is not None]
+        held = sum(pool.ref_count)
+        assert held == len(self.mgr.host._held)
+        for h, b in pool.hash_to_block.items():
+            assert self.host_kv[b] == self.tokens_of[h], (b, h)
+
+    def teardown(self):
+        super().teardown()
+        self.mgr.begin_step(self.mgr.step + 1)
+        assert sum(self.mgr.host.pool.ref_count) == 0
+        c = self.mgr.host_counters()
+        HOST_COPIES.append((c.num_offloaded_blocks, c.num_loaded_blocks, c.num_evicted_blocks))
+
+
+HOST_COPIES: list[tuple[int, int, int]] = []  # per run: offloaded, loaded, host-evicted blocks
+
+
 TOTAL_OPS: list[int] = []
 MIN_OPS = 10_000
 # Long runs: per operation, Hypothesis's own drawing dominates (~1.5 ms), and fewer, longer
@@ -187,7 +246,9 @@ class LfuMachine(CacheMachine):
 
 for _m in (FifoMachine, LfuMachine):
     _m.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+HostMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=100, deadline=None)
 TestFifoMachine, TestLfuMachine = FifoMachine.TestCase, LfuMachine.TestCase
+TestHostMachine = HostMachine.TestCase
 
 
 def test_enough_operations_ran():
@@ -199,3 +260,10 @@ def test_enough_operations_ran():
         run_state_machine_as_test(CacheMachine, settings=settings(
             CacheMachine.TestCase.settings, max_examples=20))
     assert sum(TOTAL_OPS) >= MIN_OPS, sum(TOTAL_OPS)
+
+
+def test_the_host_machine_offloads_loads_and_evicts_on_the_host():
+    """The checks above saw every kind of host copy (not a tier that stayed idle)."""
+    if not HOST_COPIES:
+        TestHostMachine("runTest").runTest()
+    assert all(sum(c[k] for c in HOST_COPIES) > 0 for k in range(3)), HOST_COPIES

@@ -47,6 +47,23 @@ def run(kvscope, workload, model, *options):
     return kvscope("run", "--workload", workload, "--model", model, "--no-progress", *options)
 
 
+@pytest.mark.parametrize("value", ["2x", "0", "-3", "1.5", "nanGiB", "GiB"])
+def test_a_bad_host_tier_size_exits_2_naming_the_option(kvscope, workload, tiny_model, value):
+    code, _, err = run(kvscope, workload, tiny_model, "--host-blocks", value)
+    assert code == 2 and "Traceback" not in err  # argparse's usage, then its one error line
+    assert err.strip().splitlines()[-1].endswith(
+        f"argument --host-blocks: expected a number of blocks (an integer >= 1) or a size such "
+        f"as 2GiB or 512MiB, got {value!r}")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("100000000000", ("the host tier needs", "100000000000 blocks x 16 tokens")),
+    ("0.0001MB", ("host_bytes 100 holds no block of",)),
+])
+def test_a_host_tier_that_cannot_be_is_one_line(kvscope, workload, tiny_model, value, words):
+    assert_one_line_error(run(kvscope, workload, tiny_model, "--host-blocks", value), *words)
+
+
 def test_threads_beyond_the_cpus_is_one_line(kvscope, workload, tiny_model):
     assert_one_line_error(run(kvscope, workload, tiny_model, "--threads", "100000"),
                           f"--threads 100000: this process may use {cpu_cores()} CPUs")

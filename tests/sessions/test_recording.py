@@ -19,8 +19,8 @@ from kvscope.sessions import Recorder, SessionReader
 from kvscope.sessions.recorder import Recorder as _Recorder
 
 
-def record(tmp_path, model_dir, name="run.kvscope", policy="lru", **rec_kw):
-    engine = make_engine(model_dir, eviction_policy=policy)
+def record(tmp_path, model_dir, name="run.kvscope", policy="lru", host_blocks=0, **rec_kw):
+    engine = make_engine(model_dir, eviction_policy=policy, host_blocks=host_blocks)
     live = []
     path = tmp_path / name
     tap = StepQueue()
@@ -32,14 +32,16 @@ def record(tmp_path, model_dir, name="run.kvscope", policy="lru", **rec_kw):
 
 
 @pytest.mark.parametrize("model,keyframe_every", [("llama", 7), ("llama", 10_000),
-                                                   ("hybrid", 7)])
+                                                   ("hybrid", 7), ("host", 7)])
 def test_every_replayed_step_equals_the_live_snapshot(tmp_path, request, model, keyframe_every):
     """hybrid: full-attention and sliding-window layers, two KV-cache groups (the window
-    releases blocks mid-request: out_of_window events; group 1's tables have nulls)."""
-    model_dir = request.getfixturevalue("tiny_model_dir" if model == "llama" else
-                                        "hybrid_model_dir")
+    releases blocks mid-request: out_of_window events; group 1's tables have nulls). host: a
+    host tier behind the pool (blocks loaded back from it are registered on the device)."""
+    model_dir = request.getfixturevalue("hybrid_model_dir" if model == "hybrid" else
+                                        "tiny_model_dir")
     engine, live, path, rec = record(tmp_path, model_dir, keyframe_every=keyframe_every,
-                                     keyframe_budget=1.0)  # exactly every K steps
+                                     keyframe_budget=1.0,  # exactly every K steps
+                                     host_blocks=24 if model == "host" else 0)
     status = rec.status()
     assert status.error is None and status.steps_written == len(live) == engine.num_steps
     with SessionReader(path) as s:
@@ -53,7 +55,9 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, request, model, 
             assert s.events_at(step) == [e for st, e in published if st == step]
         live = [stored(x, rec) for x in live]  # hashes as this file stores them
         kinds = {e.kind for _, e in published}
-        want = set(ev.BLOCK_EVENTS) - ({ev.OUT_OF_WINDOW} if model == "llama" else set())
+        want = set(ev.BLOCK_EVENTS) - ({ev.OUT_OF_WINDOW} if model != "hybrid" else set())
+        if model == "host":
+            want |= set(ev.HOST_EVENTS)
         assert want <= kinds, want - kinds  # all exercised
         if model == "hybrid":
             assert {e.group for _, e in published} == {0, 1}
