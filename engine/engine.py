@@ -89,6 +89,15 @@ class Engine:
     def num_blocks(self) -> int:
         return self.manager.pool.num_blocks
 
+    def host_counters(self):
+        """The host tier's totals (engine.host_tier.HostCounters), None without a tier."""
+        return self.manager.host_counters() if self.manager.host is not None else None
+
+    @property
+    def num_host_blocks(self) -> int:
+        """The host tier's size in blocks (0: none)."""
+        return 0 if self.manager.host is None else self.manager.host.pool.num_blocks
+
     @property
     def groups(self) -> tuple:
         """The model's KV-cache groups (kv_groups.KVGroup), each with its own block tables."""

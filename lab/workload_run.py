@@ -341,7 +341,7 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         num_preemptions=sum(s.num_preempted for s in steps),
         num_steps=len(steps),
         host_hit_tokens=(sum(m.host_cached_tokens for m in admitted)
-                         if engine.manager.host is not None else None),
+                         if engine.num_host_blocks else None),
         offloaded_blocks=sum(s.offloaded_blocks for s in steps),
         loaded_blocks=sum(s.loaded_blocks for s in steps),
         transfer_s=sum(s.transfer_s for s in steps),

@@ -160,8 +160,7 @@ def describe_engine(engine, model: str) -> str:
     c = engine.config
     mode = ("no KV cache (naive loop)" if not c.enable_kv_cache else
             "prefix cache " + ("on" if c.enable_prefix_caching else "off"))
-    host = engine.manager.host
-    tier = f", host tier {host.pool.num_blocks} blocks" if host is not None else ""
+    tier = f", host tier {engine.num_host_blocks} blocks" if engine.num_host_blocks else ""
     return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens{tier}, "
             f"KV {engine.runner.cache_dtype}, {mode}".replace("torch.", ""))
 
