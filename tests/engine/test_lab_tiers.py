@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvscope.engine import events as ev
 from kvscope.lab import report, tiers, whatif
 from kvscope.lab.traces import LabRequest, Trace, load_trace
 
@@ -213,3 +214,28 @@ def test_the_lab_command_prints_tiers_and_writes_their_csv_and_png(tmp_path, cap
     curve = (tmp_path / "lab-tiers.csv").read_text().splitlines()
     assert {line.split(",")[8] for line in curve[1:]} == {"0", "4000", "30000"}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_step_by_step_replay_with_a_host_tier_from_any_checkpoint():
+    """lab.replay's viewer pass with a host tier: its hits, offloads and loads are
+    whatif.replay's, and any step from a checkpoint (its host pool cloned) gives the events a
+    replay from the start gives (host block ids included)."""
+    from kvscope.lab.replay import WhatIfReplay
+
+    trace = load_trace(HEAD)
+    passes = []
+    for every in (10**6, 7):
+        replay = WhatIfReplay(trace, 300, BS, host_blocks=8_000)
+        replay.checkpoint_every = every
+        assert replay.run()
+        passes.append(replay)
+    sparse, dense = passes
+    whole = whatif.replay(trace, 300, BS, host_blocks=8_000)
+    assert sum(dense.cached.values()) == whole.hit_tokens
+    assert sum(r.offloaded_blocks for r in dense.records) == whole.offloaded_blocks > 0
+    assert sum(r.loaded_blocks for r in dense.records) == whole.loaded_blocks > 0
+    loads = [i for i, r in enumerate(dense.records) if r.loaded_blocks]
+    for step in [199, 0, 100, 101, 33, *loads[:3]]:
+        a, b = sparse.state_at(step), dense.state_at(step)
+        assert [(e.kind, e.blocks) for e in a.events] == [(e.kind, e.blocks) for e in b.events]
+        assert (ev.LOADED in {e.kind for e in b.events}) == (step in loads)
