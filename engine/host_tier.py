@@ -52,11 +52,14 @@ class HostTier:
 
     def offload_evicted(self, step: int, request_id: int | None) -> None:
         """Copy the device blocks just evicted to host blocks (a hash the host holds already
-        is not copied again)."""
+        is not copied again). They join the host's queue in the order the device evicted them
+        (a chain's tail first, as the device frees it), so the host too evicts a tail before
+        its head; when the host cannot take them all (its blocks held this step), it takes
+        the last evicted, the nearest their chains' heads."""
         keys, self.device.evicted_keys = self.device.evicted_keys, []
         host = self.pool
         keys = [k for k in keys if k[1] not in host.hash_to_block]
-        keys = keys[: host.num_available]  # (the rest: every host block is held this step)
+        keys = keys[len(keys) - min(len(keys), host.num_available):]
         if not keys:
             return
         got, evicted = host.allocate(len(keys), step)
@@ -64,7 +67,7 @@ class HostTier:
             self.log.emit(ev.HOST_EVICTED, step, request_id, evicted)
         for b, (_, h, parent) in zip(got, keys, strict=True):
             host.cache(b, h, parent, parent in self.device.chain_roots)
-        host.release(got[::-1], step)
+        host.release(got, step)
         sources = [b for b, _, _ in keys]
         self.offloads += zip(sources, got, strict=True)
         self.num_offloaded += len(got)

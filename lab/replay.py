@@ -11,6 +11,9 @@ requests, the only state a step starts from (a clone without the history of drop
 `state_at(step)` then gives the pool at the end of any step (snapshot, that step's events, dead
 blocks) from the nearest checkpoint before it, so going back costs a few steps, not a replay
 from the start.
+
+With a host tier (`host_blocks`, `host_policy`; whatif.replay's rules) a checkpoint holds the
+host pool too, and each step's record counts the blocks offloaded and loaded in it.
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ class _Cursor:
 class WhatIfReplay:
     def __init__(self, trace: Trace, pool_blocks: int, block_size: int = 16,
                  policy: str = "lru", keep_events: int | None = None,
-                 groups: tuple[KVGroup, ...] | None = None):
+                 groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0,
+                 host_policy: str = "lru"):
         trace.check_block_size(block_size)
+        self.host_blocks, self.host_policy = host_blocks, host_policy
         self.trace, self.pool_blocks, self.block_size, self.policy = (
             trace, pool_blocks, block_size, policy)
         self.groups = trace.groups if groups is None else groups
@@ -72,8 +77,9 @@ class WhatIfReplay:
         self.counters: list[CacheCounters] = []  # the manager's, after each step
         self.checkpoint_every = max(1, math.ceil(
             self.num_steps * pool_blocks * BYTES_PER_BLOCK / CHECKPOINT_BYTES))
-        # step -> the pool as that step begins (request step-1 freed), and the events so far
-        self._checkpoints: dict[int, tuple[BlockPool, list[ev.Event]]] = {}
+        # step -> the pool (and the host's, or None) as that step begins (request step-1
+        # freed), and the events so far
+        self._checkpoints: dict[int, tuple[BlockPool, BlockPool | None, list[ev.Event]]] = {}
         self._hashes: list[list[bytes]] = []
         self._cursor: _Cursor | None = None
         self.done = False
@@ -94,8 +100,9 @@ class WhatIfReplay:
                 return False
             self._begin(mgr, i)
             begun = mgr.events.drain()
-            if i % self.checkpoint_every == 0:  # the pool as step i begins, and its events
-                self._checkpoints[i] = (_clone(mgr.pool), begun)
+            if i % self.checkpoint_every == 0:  # the pools as step i begins, and its events
+                host = _clone(mgr.host.pool) if mgr.host is not None else None
+                self._checkpoints[i] = (_clone(mgr.pool), host, begun)
             events = begun + self._admit(mgr, i)
             self.events += events
             if self.keep_events is not None:
@@ -112,9 +119,20 @@ class WhatIfReplay:
         self.done = True
         return True
 
-    def _manager(self) -> KVCacheManager:
-        return KVCacheManager(self.pool_blocks, self.block_size, eviction_policy=self.policy,
-                              groups=self.groups)
+    def _manager(self, pool: BlockPool | None = None, host: BlockPool | None = None
+                 ) -> KVCacheManager:
+        """A fresh manager, or one on checkpointed pools (clones of them)."""
+        mgr = KVCacheManager(self.pool_blocks, self.block_size, eviction_policy=self.policy,
+                             groups=self.groups, host_blocks=self.host_blocks,
+                             host_eviction_policy=self.host_policy)
+        if pool is not None:
+            mgr.pool = _clone(pool)
+        if mgr.host is not None:
+            mgr.host.device = mgr.pool
+            mgr.pool.evicted_keys = []
+            if host is not None:
+                mgr.host.pool = _clone(host)
+        return mgr
 
     def _begin(self, mgr: KVCacheManager, i: int) -> None:
         """Step i begins on a manager at the end of step i-1: request i-1 is freed."""
@@ -136,11 +154,13 @@ class WhatIfReplay:
         counts, r = mgr.pool.counts(), self.trace.requests[i]
         cached = self.cached.get(i, 0)
         held, freed = mgr.group_counts()
+        moved = (len(mgr.host.offloads), len(mgr.host.loads)) if mgr.host is not None else (0, 0)
         return StepRecord(
             i, r.arrival_s, prefill_tokens=r.input_length - cached, batch_size=1,
             num_running=int(i in self.cached), num_cached_blocks=counts.cached,
             num_free_blocks=counts.free, num_active_blocks=counts.active, hit_tokens=cached,
-            query_tokens=r.input_length, group_blocks=held, window_freed_blocks=freed)
+            query_tokens=r.input_length, group_blocks=held, window_freed_blocks=freed,
+            offloaded_blocks=moved[0], loaded_blocks=moved[1])
 
     # ------------------------------------------------------------------ any step
     def state_at(self, step: int) -> StepState:
@@ -152,9 +172,8 @@ class WhatIfReplay:
         start = step - step % self.checkpoint_every  # the checkpoint at or before it
         c = self._cursor
         if c is None or c.step > step or c.step < start - 1:
-            pool, begun = self._checkpoints[start]
-            c = self._cursor = _Cursor(self._manager(), start)
-            c.manager.pool = _clone(pool)
+            pool, host, begun = self._checkpoints[start]
+            c = self._cursor = _Cursor(self._manager(pool, host), start)
             c.manager.begin_step(start)
             c.events = begun + self._admit(c.manager, start, count_stats=False)
         while c.step < step:

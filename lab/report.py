@@ -6,7 +6,13 @@ replays and the curve run with them. The infinite cache is the same for any grou
 ever evicted, so every group has every block it needs), holding each block once per group.
 Belady stays the one full-attention group's optimum: still a ceiling when the groups include a
 full-attention one (a request's hit is never longer than that group's), none without one (a
-window needs only the blocks before the hit point), so it is refused then."""
+window needs only the blocks before the hit point), so it is refused then.
+
+Host tiers (`host_sizes`, `host_policies`): each what-if row without a host tier is followed by
+one per (host policy, host size) at the same device pool, carrying its hits per tier, blocks
+moved and the hit ratio without the tier (the sizing line's baseline, lab.tiers). Belady and
+the infinite cache stay one-tier rows. The CSV gains the tier columns only when a row has a
+host tier."""
 
 from __future__ import annotations
 
@@ -19,12 +25,16 @@ import numpy as np
 
 from kvscope.engine import policies
 from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
-from kvscope.lab import ceilings, whatif
+from kvscope.lab import ceilings, tiers, whatif
 from kvscope.lab.traces import Trace
 
 CSV_COLUMNS = ("policy", "pool_blocks", "block_size", "mode", "token_hit_ratio",
                "request_hit_ratio", "evicted_blocks", "groups")
+TIER_COLUMNS = ("host_blocks", "host_policy", "device_hit_ratio", "host_hit_ratio",
+                "offloaded_blocks", "loaded_blocks", "host_evicted_blocks", "bytes_moved",
+                "no_host_token_hit_ratio", "sizing")
 GROUPS_CURVE_POINTS = 12  # pool sizes replayed for the curve of KV-cache groups
+TIER_CURVE_POINTS = 8  # device pool sizes replayed per host size for the curve per tier
 
 
 @dataclass
@@ -39,11 +49,42 @@ class Row:
     wall_s: float = 0.0
     blocks_per_s: float | None = None  # the manager's throughput (what-if replays)
     groups: str = "full"  # the KV-cache groups it ran with (whatif.groups_spec)
+    host_blocks: int = 0  # 0: no host tier
+    host_policy: str = ""
+    host_hit_ratio: float = 0.0  # of token_hit_ratio, the tokens loaded from the host
+    offloaded_blocks: int = 0
+    loaded_blocks: int = 0
+    host_evicted_blocks: int = 0
+    no_host_hit_ratio: float | None = None  # with a host tier: the same pool without one
 
-    def csv_values(self) -> list:
-        return [self.policy, self.pool_blocks, self.block_size, self.mode,
-                f"{self.token_hit_ratio:.6f}",
-                f"{self.request_hit_ratio:.6f}", self.evicted_blocks, self.groups]
+    @property
+    def device_hit_ratio(self) -> float:
+        return self.token_hit_ratio - self.host_hit_ratio
+
+    def csv_values(self, tier_columns: bool = False, bytes_per_block: int | None = None
+                   ) -> list:
+        values = [self.policy, self.pool_blocks, self.block_size, self.mode,
+                  f"{self.token_hit_ratio:.6f}",
+                  f"{self.request_hit_ratio:.6f}", self.evicted_blocks, self.groups]
+        if tier_columns:
+            moved = tiers.bytes_moved(self, bytes_per_block)
+            tiered = self.host_blocks > 0
+            values += [self.host_blocks, self.host_policy, f"{self.device_hit_ratio:.6f}",
+                       f"{self.host_hit_ratio:.6f}", self.offloaded_blocks, self.loaded_blocks,
+                       self.host_evicted_blocks, "" if moved is None else moved,
+                       f"{self.no_host_hit_ratio:.6f}" if tiered else "",
+                       tiers.sizing_line(self, bytes_per_block) if tiered else ""]
+        return values
+
+
+def replay_row(r: whatif.WhatIfResult, no_host_hit_ratio: float | None = None) -> Row:
+    """A what-if replay's row (`no_host_hit_ratio`: the same pool's without a host tier)."""
+    return Row(r.policy, r.pool_blocks, r.block_size, r.mode, r.token_hit_ratio,
+               r.request_hit_ratio, r.evicted_blocks, r.wall_s,
+               r.num_blocks_processed / r.wall_s if r.wall_s else None,
+               whatif.groups_spec(r.groups), r.host_blocks, r.host_policy if r.host_blocks else "",
+               r.host_hit_ratio, r.offloaded_blocks, r.loaded_blocks, r.host_evicted_blocks,
+               no_host_hit_ratio)
 
 
 def lab_policies() -> tuple[str, ...]:
@@ -66,11 +107,13 @@ def check_policies(policies: list[str], groups: tuple[KVGroup, ...]) -> None:
 
 def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: int = 16,
         mode: str = "sequential", tpot_s: float = 0.03, on_row: Callable[[Row], None] = print,
-        on_request=None, groups: tuple[KVGroup, ...] | None = None
+        on_request=None, groups: tuple[KVGroup, ...] | None = None,
+        host_sizes: tuple[int, ...] = (), host_policies: tuple[str, ...] = ("lru",)
         ) -> tuple[list[Row], ceilings.SegmentStream]:
-    """Rows in order: each policy at each size, then the infinite cache. Belady and infinite
-    are sequential-mode ceilings whatever `mode` is. on_request: see whatif.replay (first
-    what-if run only). groups: the KV-cache groups (None: the trace's)."""
+    """Rows in order: each policy at each size (then, what-if policies, that size with each
+    host policy and host size), then the infinite cache. Belady and infinite are
+    sequential-mode ceilings whatever `mode` is. on_request: see whatif.replay (first what-if
+    run only). groups: the KV-cache groups (None: the trace's)."""
     groups = trace.groups if groups is None else groups
     check_policies(policies, groups)
     spec = whatif.groups_spec(groups)
@@ -91,11 +134,15 @@ def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: in
                 r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
                                   on_request, groups)
                 on_request = None
-                row = Row(policy, size, block_size, mode, r.token_hit_ratio,
-                          r.request_hit_ratio, r.evicted_blocks, r.wall_s,
-                          r.num_blocks_processed / r.wall_s if r.wall_s else None, spec)
+                row = replay_row(r)
             rows.append(row)
             on_row(row)
+            for host_policy in host_policies if policy != "belady" else ():
+                for host in host_sizes:
+                    r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
+                                      groups=groups, host_blocks=host, host_policy=host_policy)
+                    rows.append(replay_row(r, row.token_hit_ratio))
+                    on_row(rows[-1])
     c = ceilings.infinite_cache(stream)
     row = Row("infinite", ceilings.distinct_blocks(stream) * len(groups), block_size,
               "sequential", c.hit_tokens / stream.query_tokens,
@@ -126,8 +173,31 @@ def lru_curve(stream: ceilings.SegmentStream, sizes: list[int], points: int = 48
     return [(n, h / stream.query_tokens) for n, h in zip(grid, hits, strict=True)]
 
 
-def write_csv(path, rows: list[Row]) -> None:
+def tier_curve(trace: Trace, block_size: int, sizes: list[int], host_sizes: list[int],
+               policy: str = "lru", host_policy: str = "lru", mode: str = "sequential",
+               tpot_s: float = 0.03, points: int = TIER_CURVE_POINTS) -> list[Row]:
+    """The miss-ratio curve per tier: a what-if row per (host size, no tier first; device
+    pool size), the sizes log-spaced from 1/64 of the infinite cache's blocks to all of it,
+    plus `sizes`."""
+    top = max(ceilings.distinct_blocks(ceilings.segment_stream(trace, block_size)), *sizes)
+    grid = sorted({*np.unique(np.geomspace(max(1, top // 64), top, points).astype(int)).tolist(),
+                   *sizes})
+    hashes = whatif.block_hashes(trace, block_size)
+    rows, base = [], {}
+    for host in (0, *host_sizes):
+        for size in grid:
+            r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
+                              host_blocks=host, host_policy=host_policy)
+            rows.append(replay_row(r, base.get(size)))
+            base.setdefault(size, r.token_hit_ratio)
+    return rows
+
+
+def write_csv(path, rows: list[Row], bytes_per_block: int | None = None) -> None:
+    """The rows; with the tier columns when a row has a host tier (bytes_moved: empty without
+    a bytes per block)."""
+    tiered = any(r.host_blocks for r in rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        w.writerows(r.csv_values() for r in rows)
+        w.writerow(CSV_COLUMNS + TIER_COLUMNS if tiered else CSV_COLUMNS)
+        w.writerows(r.csv_values(tiered, bytes_per_block) for r in rows)

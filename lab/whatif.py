@@ -19,6 +19,13 @@ KV-cache groups (`groups`, by default the trace's: one full-attention group, or 
 session's own): every group of a request draws from the one pool and a hit is the length every
 group accepts, as the engine and vLLM's hybrid coordinator do. On the command line they are
 written `full,window:1024` (see parse_groups).
+
+A host tier (`host_blocks`, `host_policy`: engine.host_tier, one full-attention group only): the
+manager's own, behind the pool. A device block evicted is copied to the host; a lookup that
+stops on the device goes on there and loads what it finds back (the host copy stays). Each
+request is a step (`begin_step`), so host blocks loaded for one request are held through it and
+free again at the next. The result then splits the hit tokens by tier and counts the blocks
+offloaded, loaded and evicted from the host.
 """
 
 from __future__ import annotations
@@ -74,6 +81,24 @@ class WhatIfResult:
     num_blocks_processed: int  # prompt blocks looked up plus blocks allocated
     wall_s: float
     groups: tuple[KVGroup, ...] = ONE_GROUP
+    host_blocks: int = 0  # 0: no host tier
+    host_policy: str = "lru"
+    host_hit_tokens: int = 0  # of hit_tokens, those loaded from the host tier
+    offloaded_blocks: int = 0  # device blocks copied to the host when evicted
+    loaded_blocks: int = 0  # host blocks copied back to the device
+    host_evicted_blocks: int = 0
+
+    @property
+    def device_hit_tokens(self) -> int:
+        return self.hit_tokens - self.host_hit_tokens
+
+    @property
+    def host_hit_ratio(self) -> float:
+        return self.host_hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def device_hit_ratio(self) -> float:
+        return self.token_hit_ratio - self.host_hit_ratio
 
     @property
     def token_hit_ratio(self) -> float:
@@ -94,28 +119,36 @@ def block_hashes(trace: Trace, block_size: int) -> list[list[bytes]]:
 def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "lru",
            mode: str = "sequential", tpot_s: float = 0.03,
            hashes: list[list[bytes]] | None = None, on_request=None,
-           groups: tuple[KVGroup, ...] | None = None) -> WhatIfResult:
+           groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0,
+           host_policy: str = "lru") -> WhatIfResult:
     """Replay the trace; `hashes` from block_hashes() may be shared between runs.
     on_request(manager, i): called after request i is admitted (for observers). groups: the
-    KV-cache groups (None: the trace's)."""
+    KV-cache groups (None: the trace's). host_blocks: a host tier of that many blocks (0:
+    none), evicting by host_policy."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     hashes = hashes if hashes is not None else block_hashes(trace, block_size)
     groups = trace.groups if groups is None else groups
     mgr = KVCacheManager(pool_blocks, block_size, record_events=on_request is not None,
-                         eviction_policy=policy, groups=groups)
+                         eviction_policy=policy, groups=groups, host_blocks=host_blocks,
+                         host_eviction_policy=host_policy)
     mgr.pool.evicted_history = 0  # the lab explains no misses: skip the eviction history
+    if mgr.host is not None:
+        mgr.host.pool.evicted_history = 0
     run = _sequential if mode == "sequential" else _timed
     start = time.perf_counter()
     stats = run(mgr, trace, hashes, tpot_s, on_request)
     wall = time.perf_counter() - start
-    hit, query, requests, requests_hit, rejected, blocks = stats
+    hit, host_hit, query, requests, requests_hit, rejected, blocks = stats
+    host = mgr.host_counters()
     return WhatIfResult(policy, pool_blocks, block_size, mode, hit, query, requests,
-                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall, mgr.groups)
+                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall, mgr.groups,
+                        host_blocks, host_policy, host_hit, host.num_offloaded_blocks,
+                        host.num_loaded_blocks, host.num_evicted_blocks)
 
 
 def _sequential(mgr, trace, hashes, tpot_s, on_request):
-    hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
+    hit_tokens = host_tokens = query_tokens = requests_hit = rejected = blocks = 0
     zeros = [0] * max(r.input_length for r in trace.requests)
     num_groups = len(mgr.groups)
     for i, r in enumerate(trace.requests):
@@ -123,6 +156,7 @@ def _sequential(mgr, trace, hashes, tpot_s, on_request):
         query_tokens += n
         if n == 0:
             continue
+        mgr.begin_step(i)
         # the pool holds nothing but the cache now: a request it cannot take never fits
         cached = mgr.admit(i, zeros[:n], count_stats=False, block_hashes=hashes[i])
         if cached is None:
@@ -130,22 +164,26 @@ def _sequential(mgr, trace, hashes, tpot_s, on_request):
             continue
         if on_request is not None:
             on_request(mgr, i)
+        host_tokens += mgr.host_tokens(i)
         mgr.free(i)
         hit_tokens += cached
         requests_hit += cached > 0
         blocks += len(hashes[i]) + num_groups * -(-(n - cached) // mgr.block_size)
-    return hit_tokens, query_tokens, len(trace.requests), requests_hit, rejected, blocks
+    return (hit_tokens, host_tokens, query_tokens, len(trace.requests), requests_hit, rejected,
+            blocks)
 
 
 def _timed(mgr, trace, hashes, tpot_s, on_request):
     requests = trace.requests
     finishing: list[tuple[float, int]] = []  # (finish time, request index)
     waiting: deque[int] = deque()
-    hit_tokens = query_tokens = requests_hit = rejected = blocks = 0
+    hit_tokens = host_tokens = query_tokens = requests_hit = rejected = blocks = 0
+    steps = iter(range(1 << 62))  # each admission is a step (host blocks loaded: held in it)
 
     def try_admit(i: int, now: float) -> bool:
-        nonlocal hit_tokens, requests_hit, blocks
+        nonlocal hit_tokens, host_tokens, requests_hit, blocks
         r = requests[i]
+        mgr.begin_step(next(steps))
         cached = mgr.admit(i, [0] * r.input_length, count_stats=False, block_hashes=hashes[i])
         if cached is None:
             return False
@@ -157,6 +195,7 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
         if on_request is not None:
             on_request(mgr, i)
         hit_tokens += cached
+        host_tokens += mgr.host_tokens(i)
         requests_hit += cached > 0
         blocks += len(hashes[i]) + sum(map(len, mgr.block_tables(i)))
         heapq.heappush(finishing, (now + r.output_length * tpot_s, i))
@@ -179,7 +218,7 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
             waiting.append(i)
     finish_until(float("inf"))
     assert not waiting, "requests left waiting with an empty pool"
-    return hit_tokens, query_tokens, len(requests), requests_hit, rejected, blocks
+    return hit_tokens, host_tokens, query_tokens, len(requests), requests_hit, rejected, blocks
 
 
 def _peak_blocks(mgr: KVCacheManager, r) -> int:

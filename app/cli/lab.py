@@ -1,6 +1,8 @@
 """`kvscope lab TRACE ...`: what-if replay of a request trace at several pool sizes and
 eviction policies, with the Belady and infinite-cache ceilings (see kvscope.lab), for one
-full-attention KV-cache group or the groups of `--groups` (a session: its own by default)."""
+full-attention KV-cache group or the groups of `--groups` (a session: its own by default); with
+`--host-blocks`, each what-if row again with a host tier of each size (hits per tier, blocks
+moved, the sizing line; kvscope.lab.tiers)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import sys
 from pathlib import Path
 
 from kvscope.app.cli.common import positive_int
-from kvscope.lab import report
+from kvscope.engine import policies as eviction_policies
+from kvscope.lab import report, tiers
 from kvscope.lab.residency import Residency, histograms, reuse_gaps, sizing_advice
 from kvscope.lab.traces import FORMATS, TraceError
 from kvscope.lab.whatif import GROUPS_SYNTAX, MODES, groups_spec, parse_groups
@@ -38,6 +41,15 @@ def add_parser(sub) -> None:
                    "(a hit is what every group accepts; a window group needs only the blocks "
                    "of the window before the hit point). Default: one full-attention group, "
                    "or a session's own groups")
+    p.add_argument("--host-blocks", default=None, metavar="H[,H2...]",
+                   help=f"host tier sizes behind the pool: {tiers.HOST_SYNTAX}. Each what-if "
+                   "row is followed by one per host size (hits per tier, blocks offloaded and "
+                   "loaded, the sizing line); one full-attention group only")
+    p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(),
+                   default=["lru"], help="the host tier's eviction policies (default lru)")
+    p.add_argument("--kv-bytes-per-token", type=positive_int, default=None, metavar="BYTES",
+                   help="the model's KV bytes per token (all layers, K and V): bytes moved "
+                   "between the tiers and host sizes in GiB (else blocks only)")
     p.add_argument("--mode", choices=MODES, default="sequential",
                    help="sequential: each request admitted then freed in order; timed: "
                    "arrivals at trace time, held output_length x TPOT (default sequential)")
@@ -45,7 +57,8 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="first N requests only")
     p.add_argument("--csv", type=Path, default=None, metavar="OUT.csv")
     p.add_argument("--png", type=Path, default=None, metavar="OUT.png",
-                   help="the miss-ratio curves: LRU (one pass) and the ceilings")
+                   help="the miss-ratio curves: LRU (one pass) and the ceilings; with "
+                   "--host-blocks the curve per tier too (with --csv also OUT-tiers.csv)")
     p.add_argument("--residency", action="store_true",
                    help="lifetime, idle-before-evict and reuse-gap of the first replay, dead "
                    "cache over time and sizing advice (sequential mode); with --csv also "
@@ -76,9 +89,19 @@ def _lab(args: argparse.Namespace) -> int:
         groups = parse_groups(args.groups) if args.groups is not None else None
     except ValueError as e:
         raise TraceError(f"--groups: {e}") from None
+    per_block = args.kv_bytes_per_token and args.kv_bytes_per_token * args.block_size
+    try:
+        hosts = tiers.parse_host_sizes(args.host_blocks, per_block) \
+            if args.host_blocks is not None else []
+    except ValueError as e:
+        raise TraceError(f"--host-blocks: {e}") from None
     trace = load_lab_input(args.trace, args.format, args.limit)
     trace.check_block_size(args.block_size)
     groups = trace.groups if groups is None else groups
+    if hosts and not report.one_full_group(groups):
+        raise TraceError(f"--host-blocks: a host tier with the KV-cache groups "
+                         f"{groups_spec(groups)} is not supported yet (one full-attention "
+                         "group only)")
     policies = args.policy
     if policies is None:
         policies = ["lru", "belady"] if any(g.window is None for g in groups) else ["lru"]
@@ -99,33 +122,75 @@ def _lab(args: argparse.Namespace) -> int:
         total = ceilings.distinct_blocks(ceilings.segment_stream(trace, args.block_size))
         total *= len(groups)
         sizes = sorted({max(1, total // 32), max(1, total // 8), max(1, total // 2)})
-    print(f"{'policy':>8} {'pool blocks':>12} {'token hit':>10} {'request hit':>11} "
-          f"{'evicted':>11} {'blocks/s':>10} {'wall s':>7}")
+    if hosts:
+        moved = "bytes moved" if per_block else "blocks moved (no --kv-bytes-per-token: " \
+            "blocks only)"
+        print(f"host tiers: {', '.join(f'{h:,}' for h in hosts)} blocks "
+              f"({', '.join(args.host_policy)}); {moved}")
+    print(_header(bool(hosts)))
     probe = Residency(sample_every=max(1, len(trace.requests) // 50)) if args.residency else None
     rows, stream = report.run(trace, sizes, policies, args.block_size, args.mode,
-                              args.tpot_ms / 1000, on_row=_print_row, on_request=probe,
-                              groups=groups)
+                              args.tpot_ms / 1000, on_row=_row_printer(bool(hosts), per_block),
+                              on_request=probe, groups=groups, host_sizes=hosts,
+                              host_policies=args.host_policy)
+    for r in rows:
+        if r.host_blocks:
+            print(tiers.sizing_line(r, per_block))
     if args.csv:
-        report.write_csv(args.csv, rows)
+        report.write_csv(args.csv, rows, per_block)
         print(f"wrote {args.csv}")
     curve = report.lru_curve(stream, sizes, trace=trace, groups=groups) \
         if args.png or probe else None
+    what_if = next((p for p in policies if p != "belady"), None)
+    tier_curve = report.tier_curve(trace, args.block_size, sizes, hosts, what_if,
+                                   args.host_policy[0], args.mode, args.tpot_ms / 1000) \
+        if hosts and what_if and (args.png or args.csv) else []
+    if tier_curve and args.csv:
+        out = args.csv.with_name(args.csv.stem + "-tiers.csv")
+        report.write_csv(out, tier_curve, per_block)
+        print(f"wrote {out} (the miss-ratio curve per tier: {what_if}, each host size)")
     if probe is not None:
         _print_residency(probe, stream, args, policies, sizes[0], curve,
                          rows[-1].token_hit_ratio)
     if args.png:
         from kvscope.app.plots.lab import write_curves_png  # Qt: only when a PNG is asked for
 
-        write_curves_png(args.png, curve, rows)
+        write_curves_png(args.png, curve, rows, tier_curve)
         print(f"wrote {args.png}")
     return 0
 
 
-def _print_row(r: report.Row) -> None:
-    speed = f"{r.blocks_per_s:>10,.0f}" if r.blocks_per_s else f"{'':>10}"
-    print(f"{r.policy:>8} {r.pool_blocks:>12,} {r.token_hit_ratio:>10.2%} "
-          f"{r.request_hit_ratio:>11.2%} {r.evicted_blocks:>11,} {speed} {r.wall_s:>7.1f}",
-          flush=True)
+def _header(tiered: bool) -> str:
+    if not tiered:
+        return (f"{'policy':>8} {'pool blocks':>12} {'token hit':>10} {'request hit':>11} "
+                f"{'evicted':>11} {'blocks/s':>10} {'wall s':>7}")
+    return (f"{'policy':>8} {'pool blocks':>12} {'host blocks':>12} {'token hit':>10} "
+            f"{'device hit':>10} {'host hit':>9} {'request hit':>11} {'evicted':>11} "
+            f"{'offloaded':>11} {'loaded':>9} {'host evict':>11} {'moved':>10} {'wall s':>7}")
+
+
+def _row_printer(tiered: bool, bytes_per_block: int | None):
+    """on_row for report.run: one table line per row (tier columns with host tiers)."""
+    from kvscope.lab.capacity import format_bytes
+
+    def show(r: report.Row) -> None:
+        if not tiered:
+            speed = f"{r.blocks_per_s:>10,.0f}" if r.blocks_per_s else f"{'':>10}"
+            print(f"{r.policy:>8} {r.pool_blocks:>12,} {r.token_hit_ratio:>10.2%} "
+                  f"{r.request_hit_ratio:>11.2%} {r.evicted_blocks:>11,} {speed} "
+                  f"{r.wall_s:>7.1f}", flush=True)
+            return
+        moved = tiers.bytes_moved(r, bytes_per_block)
+        moved = format_bytes(moved) if moved is not None else \
+            f"{r.offloaded_blocks + r.loaded_blocks:,} bl"
+        host = f"{r.host_blocks:,} {r.host_policy}" if r.host_blocks else "-"
+        print(f"{r.policy:>8} {r.pool_blocks:>12,} {host:>12} {r.token_hit_ratio:>10.2%} "
+              f"{r.device_hit_ratio:>10.2%} {r.host_hit_ratio:>9.2%} "
+              f"{r.request_hit_ratio:>11.2%} {r.evicted_blocks:>11,} "
+              f"{r.offloaded_blocks:>11,} {r.loaded_blocks:>9,} {r.host_evicted_blocks:>11,} "
+              f"{moved:>10} {r.wall_s:>7.1f}", flush=True)
+
+    return show
 
 
 def _print_residency(probe: Residency, stream, args, policies, pool_blocks, curve,

@@ -1,6 +1,8 @@
 """The lab's miss-ratio curves, drawn once for the Lab panel and the PNG export: token hit ratio
 against pool size (log), LRU from the one-pass curve (with KV-cache groups: replays), the other
-policies and Belady at the sizes replayed, the infinite-cache ceiling as a dashed line."""
+policies and Belady at the sizes replayed, the infinite-cache ceiling as a dashed line; with host
+tiers (report.tier_curve) the curve per tier: for each host size the hit ratio with the tier
+(solid) and the part of it from the host (dotted), against the device pool's size."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ COLORS = {"lru": palette.ACTIVE_COLOR, "fifo": palette.SHARED_COLOR,
           "lfu": palette.DECODE_COLOR, "belady": palette.CACHED_COLOR,
           "infinite": palette.EVICTED_COLOR}
 OTHER_COLORS = (palette.PREFILL_COLOR, "#f0e442", "#000000")  # the rest of Okabe-Ito's
+HOST_COLORS = ("#000000", palette.PREFILL_COLOR, "#f0e442", palette.DECODE_COLOR)
 
 
 def color(policy: str) -> str:
@@ -24,7 +27,8 @@ def color(policy: str) -> str:
     return OTHER_COLORS[lab_policies().index(policy) % len(OTHER_COLORS)]
 
 
-def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
+def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row],
+                tier_curve: list[Row] = ()) -> None:
     """Draw on a pyqtgraph PlotItem (cleared first)."""
     import pyqtgraph as pg
 
@@ -41,7 +45,8 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
     item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(COLORS["lru"], width=2),
               name="lru (one pass)" if one_pass else "lru")
     for policy in lab_policies():
-        pts = sorted((r.pool_blocks, r.token_hit_ratio) for r in rows if r.policy == policy)
+        pts = sorted((r.pool_blocks, r.token_hit_ratio) for r in rows
+                     if r.policy == policy and not r.host_blocks)
         if pts:
             px, py = zip(*pts, strict=True)
             item.plot(px, [100 * y for y in py],
@@ -53,8 +58,20 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row]) -> No
             pen = pg.mkPen(COLORS["infinite"], width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
             item.addItem(pg.InfiniteLine(100 * r.token_hit_ratio, angle=0, pen=pen))
             item.legend.addItem(pg.PlotDataItem(pen=pen), "infinite cache")
+    hosts = sorted({r.host_blocks for r in tier_curve if r.host_blocks})
+    for i, host in enumerate(hosts):
+        line = sorted((r for r in tier_curve if r.host_blocks == host),
+                      key=lambda r: r.pool_blocks)
+        px = [r.pool_blocks for r in line]
+        c = HOST_COLORS[i % len(HOST_COLORS)]
+        item.plot(px, [100 * r.token_hit_ratio for r in line], pen=pg.mkPen(c, width=2),
+                  symbol="t", symbolBrush=c, symbolPen=None,
+                  name=f"{line[0].policy} + host {host:,} ({line[0].host_policy})")
+        item.plot(px, [100 * r.host_hit_ratio for r in line],
+                  pen=pg.mkPen(c, width=1, style=pg.QtCore.Qt.PenStyle.DotLine),
+                  name=f"from host {host:,}")
 
 
 def write_curves_png(path: Path, lru_curve: list[tuple[int, float]], rows: list[Row],
-                     width: int = 900) -> None:
-    write_plot_png(path, lambda item: draw_curves(item, lru_curve, rows), width)
+                     tier_curve: list[Row] = (), width: int = 900) -> None:
+    write_plot_png(path, lambda item: draw_curves(item, lru_curve, rows, tier_curve), width)

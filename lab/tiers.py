@@ -1,0 +1,62 @@
+"""The lab's two-tier questions: host sizes as the command line writes them, the sizing line
+("a 4x host tier turns 7.0 % hits into 24.0 %") and bytes moved. The replays (report.run,
+report.tier_curve) are whatif.replay's: the manager's own host tier."""
+
+from __future__ import annotations
+
+import re
+
+from kvscope.lab.capacity import GIB, format_bytes
+
+HOST_SYNTAX = "blocks, or GiB with --kv-bytes-per-token, comma-separated, e.g. 8000,32000 or 4GiB"
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*gib", re.IGNORECASE)
+
+
+def parse_host_sizes(text: str, bytes_per_block: int | None) -> list[int]:
+    """`8000,32000` or `4GiB,0.5GiB` (GiB: with a bytes per block) -> host blocks, in order;
+    ValueError naming the part."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        gib = _SIZE.fullmatch(part)
+        if part.isdigit() and int(part) > 0:
+            sizes.append(int(part))
+        elif gib is None:
+            raise ValueError(f"{part!r} is not a host size ({HOST_SYNTAX})")
+        elif bytes_per_block is None:
+            raise ValueError(f"{part!r}: a size in GiB needs --kv-bytes-per-token (a trace "
+                             "has no model); or give host blocks")
+        else:
+            blocks = int(float(gib[1]) * GIB // bytes_per_block)
+            if blocks < 1:
+                raise ValueError(f"{part!r} holds no block of {bytes_per_block:,} bytes")
+            sizes.append(blocks)
+    if len(set(sizes)) < len(sizes):
+        raise ValueError(f"{text!r} names a host size twice")
+    return sizes
+
+
+def multiple(host_blocks: int, pool_blocks: int) -> str:
+    """The host tier's size as a multiple of the device pool's: '4x', '0.5x', '2.5x'."""
+    if host_blocks % pool_blocks == 0:
+        return f"{host_blocks // pool_blocks}x"
+    return f"{host_blocks / pool_blocks:.2g}x"
+
+
+def sizing_line(row, bytes_per_block: int | None = None) -> str:
+    """'a 4x host tier (16,000 blocks) turns 7.0 % hits into 24.0 % (6.1 % from the host;
+    lru device pool of 4,000 blocks)', from a report.Row with a host tier."""
+    size = f"{row.host_blocks:,} blocks"
+    if bytes_per_block:
+        size += f", {format_bytes(row.host_blocks * bytes_per_block)}"
+    return (f"a {multiple(row.host_blocks, row.pool_blocks)} host tier ({size}, "
+            f"{row.host_policy}) turns {100 * row.no_host_hit_ratio:.1f} % hits into "
+            f"{100 * row.token_hit_ratio:.1f} % ({100 * row.host_hit_ratio:.1f} % from the host; "
+            f"{row.policy} device pool of {row.pool_blocks:,} blocks)")
+
+
+def bytes_moved(row, bytes_per_block: int | None) -> int | None:
+    """Bytes copied between the tiers (offloads plus loads); None without a bytes per block."""
+    if not bytes_per_block:
+        return None
+    return (row.offloaded_blocks + row.loaded_blocks) * bytes_per_block
