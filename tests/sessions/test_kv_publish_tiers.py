@@ -18,8 +18,8 @@ from kvscope.sessions.kv_events.wire import Batch, Cleared, Removed, Stored
 
 
 def hashes_of(pool) -> Counter:
-    """short hash -> blocks of a BlockPool holding it."""
-    return Counter(short_hash(h) for h in pool.hash_to_block)
+    """short hash -> blocks of a BlockPool holding it (its copies counted)."""
+    return Counter({short_hash(h): 1 + len(pool.copies.get(h, ())) for h in pool.hash_to_block})
 
 
 class Published:
