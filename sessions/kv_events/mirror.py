@@ -6,6 +6,21 @@ a store (and later a remove) for each copy, so a key holds a reference count. Ph
 are not published: the mirror knows hash slots, not pool cells. Each KV group's spec (vLLM's
 `kv_cache_spec_kind` and `kv_cache_spec_sliding_window` on its stores) is learnt from the stores;
 stores of one group that disagree on it are counted in the health, and the latest is kept.
+
+Tiers (vLLM's `medium`: "GPU", "CPU", "STORAGE"): a hash's residency is the set of tiers holding
+it (`residency`). vLLM 0.33's offloading connector publishes its tiers in two forms: placeholder
+stores (the default: one per offload key, naming the chunk's last hash, with no tokens, no parent
+and block_size 0) and self-describing stores (`self_describing_kv_events`: the chunk's hashes,
+parent, tokens and block size, as a GPU store). Both are mirrored by their hashes. A removal of a
+hash the mirror does not hold in that tier is counted per tier, and as an orphan (history not
+seen: a store was missed) only where the tier's form allows the conclusion, that is where each
+removal names the hashes its store named: the GPU tier, and a tier whose stores all came in one
+form. Not in a tier that mixes them: with self-describing events on, vLLM falls back to a
+placeholder for a chunk whose metadata it lacks, and a later removal that has the metadata fans
+out to hashes the placeholder never named. Not in a tier no store has shown the form of. Nor, in
+a tier other than GPU, after an AllBlocksCleared: vLLM publishes one when it resets the GPU pool,
+leaving the connector's tiers as they were by default (reset_connector=False), while the mirror
+drops every tier on it, so a later removal there may name a block stored before it.
 """
 
 from __future__ import annotations
@@ -35,6 +50,8 @@ class Health:
     orphans: int = 0  # stored chains whose parent hash was not resident (history not seen)
     duplicate_stores: int = 0  # a store of a key already resident (another physical copy)
     unknown_removes: int = 0  # a remove of a key the mirror does not hold
+    unknown_removes_by_medium: Counter = field(default_factory=Counter)  # tier -> those removes
+    orphan_removes: int = 0  # of those, removes that prove a store was missed (see the module)
     restarts: int = 0  # the sequence went back, or a replay showed a new lifetime
     disconnects: int = 0  # times a stream's connection dropped
     spec_conflicts: int = 0  # stores of a KV group that named another spec than the one before
@@ -66,7 +83,7 @@ class Health:
             f"replay: {self.replayed} batches, {recovered}",
             f"history: {history}",
             f"orphan parents: {self.orphans}, duplicate stores: {self.duplicate_stores}, "
-            f"removes of unknown blocks: {self.unknown_removes}",
+            f"removes of unknown blocks: {self.unknown_removes}" + self._by_tier(),
             f"publisher restarts: {self.restarts}, bad messages: {self.bad_messages}, "
             f"disconnects: {self.disconnects}",
         ]
@@ -74,6 +91,21 @@ class Health:
             lines.append(f"KV group spec conflicts: {self.spec_conflicts} (stores of one group "
                          "named different kinds or windows; the latest is shown)")
         return lines
+
+    def _by_tier(self) -> str:
+        if not self.unknown_removes:
+            return ""
+        tiers = ", ".join(f"{m} {n}" for m, n in sorted(self.unknown_removes_by_medium.items()))
+        return f" ({tiers}; orphans, a store missed: {self.orphan_removes})"
+
+
+PLACEHOLDER, SELF_DESCRIBING = "placeholder", "self-describing"
+
+
+def store_form(e: Stored) -> str:
+    """vLLM's two forms of a tier's store: a placeholder (the offloading connector's legacy
+    payload: no token ids, block_size 0) or self-describing (every GPU store)."""
+    return PLACEHOLDER if not e.token_ids and not e.block_size else SELF_DESCRIBING
 
 
 class Mirror:
@@ -86,6 +118,8 @@ class Mirror:
         # (rank, group) -> (spec kind, sliding window) its latest store published
         self.specs: dict[tuple[int, int], tuple[str, int | None]] = {}
         self.group_ids: set[int] = set()  # every KV group a store named
+        self.forms: dict[tuple[int, str], set[str]] = {}  # (rank, medium) -> forms of its stores
+        self._cleared_ranks: set[int] = set()  # ranks an AllBlocksCleared was applied to
         self.num_stored = 0  # block stores applied (duplicates included)
         self.num_removed = 0  # block removes applied to a resident key
         self.num_cleared = 0  # block references dropped by AllBlocksCleared and restarts
@@ -106,6 +140,7 @@ class Mirror:
                 self._remove(rank, e, batch.ts)
             elif isinstance(e, Cleared):
                 self.num_resets += 1
+                self._cleared_ranks.add(rank)
                 self.clear(rank)
 
     def _store(self, rank: int, e: Stored) -> None:
@@ -114,6 +149,7 @@ class Mirror:
         if self.parity is not None:
             self.parity.check(e)
         self.group_ids.add(group)
+        self.forms.setdefault((rank, medium), set()).add(store_form(e))
         if e.spec_kind is not None:
             self._learn_spec(rank, group, (e.spec_kind, e.sliding_window))
         parent = e.parent
@@ -150,7 +186,11 @@ class Mirror:
             salt = published_salt(e.extra_keys[0], e.lora_name)
         if salt is not None:
             return e.lora_name, self.salt_digest(salt)
-        up = None if e.parent is None else self.blocks.get((rank, e.group, e.medium, e.parent))
+        up = None
+        if e.parent is not None:  # the parent in this tier, else in any tier holding it
+            tiers = (e.medium, *sorted(self.residency(e.group, e.parent, rank)))
+            up = next(filter(None, (self.blocks.get((rank, e.group, m, e.parent))
+                                    for m in tiers)), None)
         return e.lora_name, up[3][1] if up is not None else None
 
     def salt_digest(self, salt: str) -> str:
@@ -164,7 +204,7 @@ class Mirror:
             key = (rank, e.group, e.medium, h)
             entry = blocks.get(key)
             if entry is None:
-                self.health.unknown_removes += 1
+                self._unknown_remove(rank, e.medium)
                 continue
             n += 1
             entry[0] -= 1
@@ -175,6 +215,16 @@ class Mirror:
                     self.journal.append(("-", key))
         self.num_removed += n
         self.evictions[int(ts)] += n
+
+    def _unknown_remove(self, rank: int, medium: str) -> None:
+        """A remove of a key not held: an orphan only where the tier's form allows it (see the
+        module's docstring)."""
+        h = self.health
+        h.unknown_removes += 1
+        h.unknown_removes_by_medium[medium] += 1
+        if medium == "GPU" or (len(self.forms.get((rank, medium), ())) == 1
+                               and rank not in self._cleared_ranks):
+            h.orphan_removes += 1
 
     def _forget(self, rank: int, group: int, h) -> None:
         where = self._where
@@ -215,6 +265,21 @@ class Mirror:
         """hash -> parent hash (None for a chain's first block) of the resident blocks."""
         return {k[3]: v[1] for k, v in self.blocks.items()
                 if k[0] == rank and k[1] == group and k[2] == medium}
+
+    def residency(self, group: int, block_hash, rank: int = 0) -> frozenset[str]:
+        """The tiers (media) holding a hash of a KV group: {"GPU", "CPU"} for a block offloaded
+        and still on the device, {} for one held nowhere."""
+        return frozenset(m for r, m in self.forms if r == rank
+                         and (rank, group, m, block_hash) in self.blocks)
+
+    def tiers(self) -> dict[str, tuple[int, set[str]]]:
+        """medium -> (resident blocks, the forms of its stores), GPU first."""
+        out: dict[str, list] = {}
+        for (_, medium), forms in self.forms.items():
+            out.setdefault(medium, [0, set()])[1].update(forms)
+        for _, _, medium, _ in self.blocks:
+            out[medium][0] += 1
+        return {m: tuple(out[m]) for m in sorted(out, key=lambda m: (m != "GPU", m))}
 
     def refs(self, rank: int, group: int, medium: str, block_hash) -> int:
         entry = self.blocks.get((rank, group, medium, block_hash))

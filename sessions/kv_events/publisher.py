@@ -13,6 +13,11 @@ or an ipc/inproc scheme is bound, any other is connected to, as vLLM does.
 Every BlockStored names its KV group as vLLM 0.33 does, one-group engines included: `group_idx`,
 `kv_cache_spec_kind` ("full_attention" or "sliding_window") and `kv_cache_spec_sliding_window`
 (the window in tokens, None for full attention); a BlockRemoved names its `group_idx`.
+
+Tiers by vLLM's `medium`: the device tier is "GPU" even on a CPU build (vLLM's word for the tier
+next to the compute, not for the chip: the host tier is "CPU", and a CPU build's device tier
+named "CPU" would collide with it, so consumers could not tell a block's copies apart); an engine
+with a host tier (`EngineConfig(host_blocks=N)`) publishes it as "CPU" (see `to_kv_events`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from kvscope.engine import events as ev
 from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.sessions.kv_events.wire import END_SEQ, Batch, Cleared, Removed, Stored, encode_batch
 
+DEVICE_MEDIUM = "GPU"  # vLLM's medium of the device tier, whatever the device
+HOST_MEDIUM = "CPU"  # vLLM's medium of the host tier (its offloading connector's CPU tier)
+
 
 class CachedHashes:
-    """Physical block -> (KV group, short hash) of the blocks cached now, and how many blocks
-    hold each (a hash recomputed while cached has copies), kept from the CACHED events seen:
-    the engine's evictions name blocks, vLLM's name hashes in a group."""
+    """Physical block -> (KV group, short hash) of the blocks of one tier that hold a hash now,
+    and how many blocks hold each (a hash recomputed while cached has copies), kept from the
+    events seen: the engine's evictions name blocks, vLLM's name hashes in a group."""
 
     def __init__(self):
         self.by_block: dict[int, tuple[int, int]] = {}
@@ -54,36 +62,117 @@ class CachedHashes:
         self.by_hash.clear()
 
 
-def to_kv_events(events, cached: CachedHashes, block_size: int, medium: str,
+class TierHashes:
+    """The published hashes of the device tier and, for an engine with one, the host tier."""
+
+    def __init__(self, host: bool = False):
+        self.device = CachedHashes()
+        self.host = CachedHashes() if host else None
+
+    def resident(self, group: int, h: int) -> bool:
+        """Whether a block of `group` holds hash `h` in any tier."""
+        return (group, h) in self.device.by_hash or \
+            (self.host is not None and (group, h) in self.host.by_hash)
+
+
+def to_kv_events(events, tiers: TierHashes, block_size: int,
                  groups: tuple[KVGroup, ...] = ONE_GROUP) -> list:
     """One step's engine events as vLLM events. A chain's first block is published with no parent
-    when its parent is not a cached block of its group (our chains start from an identity root,
-    vLLM's from None). Token ids are not published (the engine's events do not carry them)."""
+    when its parent is held by no block of its group in any tier (our chains start from an
+    identity root, vLLM's from None). Token ids are not published (the engine's events do not
+    carry them).
+
+    The host tier as vLLM's offloading connector publishes its CPU tier: an offload (a copy of
+    an evicted device block) is a BlockStored of medium "CPU" naming the copies' hashes and
+    parents and the block size as a device store does: vLLM 0.33's self-describing form
+    (`self_describing_kv_events`), not its default placeholder (no parent, block_size 0, one
+    store per chunk), since the engine knows the chain and a consumer can then place the host's
+    blocks in their prefix trees. A host eviction is a BlockRemoved of medium "CPU" naming the
+    hashes its stores named; a load back is an ordinary "GPU" store of the device blocks it
+    registers (vLLM has no "moved" event), the host copy staying.
+
+    A prefix-cache reset publishes AllBlocksCleared on a one-tier engine. With a host tier it
+    clears the device only, so it is published as the device's removals: AllBlocksCleared names
+    no tier, and consumers (kvscope's mirror, llm-d) drop every tier on it."""
     out = []
+    device, host = tiers.device, tiers.host
     for e in events:
-        if e.kind == ev.CACHED:
-            n, g = len(e.blocks), e.group
-            spec = dict(group=g, spec_kind=groups[g].kind, sliding_window=groups[g].window)
-            run: list[int] = []
-            run_parent = None
-            for block, h, parent in zip(e.blocks, e.hashes[:n], e.hashes[n:], strict=True):
-                if not run or parent != run[-1]:  # a break in the chain starts a new store
-                    if run:
-                        out.append(Stored(run, run_parent, [], block_size, medium, **spec))
-                    run, run_parent = [], parent if (g, parent) in cached.by_hash else None
-                run.append(h)
-                cached.add(block, g, h)
+        kind = e.kind
+        if kind == ev.CACHED:
+            out += _stores(e.blocks, e.hashes, e.group, DEVICE_MEDIUM, device, tiers,
+                           block_size, groups)
+        elif kind == ev.LOADED:
+            out += _stores(e.destinations, e.hashes, e.group, DEVICE_MEDIUM, device, tiers,
+                           block_size, groups)
+        elif kind == ev.OFFLOADED and host is not None:
+            out += _stores(*_chain_order(e.destinations, e.hashes), e.group, HOST_MEDIUM, host,
+                           tiers, block_size, groups)
+        elif kind in (ev.EVICTED, ev.UNCACHED):  # UNCACHED: a failed step's registrations
+            out += _removals(e.blocks, device, DEVICE_MEDIUM)
+        elif kind == ev.HOST_EVICTED and host is not None:
+            out += _removals(e.blocks, host, HOST_MEDIUM)
+        elif kind == ev.RESET:
+            if host is None:
+                device.clear()
+                out.append(Cleared())
+            else:
+                out += _removals(list(device.by_block), device, DEVICE_MEDIUM)
+    return out
+
+
+def _stores(blocks, hashes, group: int, medium: str, tier: CachedHashes, tiers: TierHashes,
+            block_size: int, groups: tuple[KVGroup, ...]) -> list[Stored]:
+    """`blocks` (of `tier`) now hold `hashes` (the blocks' short hashes, then their parents'):
+    one store per unbroken chain."""
+    n, out = len(blocks), []
+    spec = dict(group=group, spec_kind=groups[group].kind, sliding_window=groups[group].window)
+    run: list[int] = []
+    run_parent = None
+    for block, h, parent in zip(blocks, hashes[:n], hashes[n:], strict=True):
+        if not run or parent != run[-1]:  # a break in the chain starts a new store
             if run:
                 out.append(Stored(run, run_parent, [], block_size, medium, **spec))
-        elif e.kind == ev.EVICTED:
-            by_group: dict[int, list[int]] = {}  # the groups the blocks were cached in
-            for g, h in filter(None, map(cached.pop, e.blocks)):
-                by_group.setdefault(g, []).append(h)
-            out += [Removed(hashes, medium, g) for g, hashes in by_group.items()]
-        elif e.kind == ev.RESET:
-            cached.clear()
-            out.append(Cleared())
+            run, run_parent = [], parent if tiers.resident(group, parent) else None
+        run.append(h)
+        tier.add(block, group, h)
+    if run:
+        out.append(Stored(run, run_parent, [], block_size, medium, **spec))
     return out
+
+
+def _chain_order(blocks, hashes) -> tuple[list, list]:
+    """(blocks, hashes) with each block after its parent where both are among them: an offload
+    copies the evicted blocks tail first, and a chain is published head first, as one store."""
+    n = len(blocks)
+    first: dict[int, int] = {}
+    for i, h in enumerate(hashes[:n]):
+        first.setdefault(h, i)
+    children: dict[int, list[int]] = {}
+    stack = []
+    for i, parent in enumerate(hashes[n:]):
+        j = first.get(parent)
+        if j is None or j == i:
+            stack.append(i)
+        else:
+            children.setdefault(j, []).append(i)
+    order: list[int] = []
+    stack.reverse()
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack += reversed(children.get(i, ()))
+    if len(order) != n:  # (never: a hash is not its own ancestor)
+        order = list(range(n))
+    return [blocks[i] for i in order], [hashes[i] for i in order] + \
+        [hashes[n + i] for i in order]
+
+
+def _removals(blocks, tier: CachedHashes, medium: str) -> list[Removed]:
+    """`blocks` of `tier` no longer hold their hashes: one removal per group they were in."""
+    by_group: dict[int, list[int]] = {}
+    for g, h in filter(None, map(tier.pop, blocks)):
+        by_group.setdefault(g, []).append(h)
+    return [Removed(hashes, medium, g) for g, hashes in by_group.items()]
 
 
 class KVEventPublisher:
@@ -93,9 +182,8 @@ class KVEventPublisher:
         self.engine, self.layout, self.dp_rank = engine, layout, dp_rank
         self.block_size = engine.config.block_size
         self.groups = engine.groups
-        self.medium = "GPU" if engine.config.device == "cuda" else "CPU"
         self.topic = topic.encode()
-        self._cached = CachedHashes()
+        self._tiers = TierHashes(host=bool(engine.config.host_blocks))
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.seq = 0  # the next sequence number
         self.num_blocks_published = 0
@@ -118,8 +206,7 @@ class KVEventPublisher:
 
     def on_step(self, update) -> None:
         """The step listener: the one place that reads the engine's step stream."""
-        events = to_kv_events(update.events, self._cached, self.block_size, self.medium,
-                              self.groups)
+        events = to_kv_events(update.events, self._tiers, self.block_size, self.groups)
         if events:
             self.publish(Batch(time.time(), events, self.dp_rank))
 

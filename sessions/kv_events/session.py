@@ -21,7 +21,7 @@ import zmq
 
 from kvscope.sessions.kv_events.metrics import MetricsError, MetricsScraper
 from kvscope.sessions.kv_events.mirror import Mirror
-from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS, HashSlots, group_lines
+from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS, HashSlots, group_lines, tier_lines
 from kvscope.sessions.kv_events.subscriber import Attachment, rank_endpoint
 
 TICK_S = 0.25  # one step per tick
@@ -161,7 +161,7 @@ class AttachSession:
                 self._metrics.append((update.record.step, metrics))
             self.health_short, self.healthy = self._short_health()
             self.health_lines = self.mirror.health.lines() + self._slot_lines() + \
-                group_lines(snap)
+                group_lines(snap) + tier_lines(self.slots)
             self.root_names = roots
 
     def _start_recording(self) -> None:
@@ -200,14 +200,15 @@ class AttachSession:
 
     def _short_health(self) -> tuple[str, bool | None]:
         h = self.mirror.health
-        lost = h.lost + h.bad_messages + h.restarts + h.orphans + self.slots.num_overflow + \
-            len(h.unsure) + h.spec_conflicts
+        lost = h.lost + h.bad_messages + h.restarts + h.orphans + h.orphan_removes + \
+            self.slots.num_overflow + len(h.unsure) + h.spec_conflicts
         if not h.first_seq:  # nothing missed, nothing arrived either: not healthy yet
             return "mirror: no events yet", None if h.bad_messages == 0 else False
         late = [s for s in h.first_seq.values() if s > 0]
         coverage = "from seq 0" if not late else f"from seq {min(late)}"
         return (f"mirror: gaps {h.gaps} (repaired {h.repaired}) · replayed {h.replayed} · "
-                f"history {coverage} · orphans {h.orphans} · dup {h.duplicate_stores} · "
+                f"history {coverage} · orphans {h.orphans + h.orphan_removes} · "
+                f"dup {h.duplicate_stores} · "
                 f"restarts {h.restarts}" + (f" · bad {h.bad_messages}" if h.bad_messages else "")
                 + (" · disconnected: may have missed batches" if h.unsure else "")
                 + (f" · group spec conflicts {h.spec_conflicts}" if h.spec_conflicts else ""),

@@ -84,6 +84,19 @@ def group_lines(snap: Snapshot) -> list[str]:
             for g, group in enumerate(snap.groups)]
 
 
+def tier_lines(slots: HashSlots) -> list[str]:
+    """Each tier (vLLM's medium) of the hash-slot view, one line: its resident blocks (slots
+    holding a hash of the tier) and, for a tier other than GPU, the form of its stores."""
+    held: dict[str, int] = {}
+    for key in slots.slot_of:
+        held[key[2]] = held.get(key[2], 0) + 1
+    lines = []
+    for medium, (_, forms) in slots.mirror.tiers().items():
+        form = "" if medium == "GPU" else " · " + " and ".join(sorted(forms)) + " stores"
+        lines.append(f"tier {medium}: {held.get(medium, 0)} resident blocks{form}")
+    return lines
+
+
 def by_group(keys: list[tuple]) -> dict[int, list[tuple]]:
     """Mirror keys by their KV group, in their order."""
     out: dict[int, list[tuple]] = {}
@@ -204,6 +217,9 @@ class HashSlots:
                 f"{self.mirror.group_label(rank, group)} · {medium} · {size} tokens · {up}")
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
+        tiers = self.mirror.residency(group, h, rank)
+        if len(tiers) > 1:
+            text += " · resident in " + ", ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
         if lora or salt:
             text += f" · LoRA {lora or 'none'}, salt {f'#{salt[:8]}' if salt else 'none'}"
         return text
@@ -225,11 +241,12 @@ class HashSlots:
         return out
 
     def learn_block_size(self, journal: list | None = None) -> bool:
-        """Take the server's block size from its first store not yet applied here (before a
-        recording starts: the file stores it). Returns whether it is known."""
+        """Take the server's block size from its first store not yet applied here that names one
+        (a placeholder store's is 0; before a recording starts: the file stores it). Returns
+        whether it is known."""
         if not self.sized:
             journal = self.mirror.journal if journal is None else journal
-            entry = next((item[2] for item in journal if item[0] == "+"), None)
+            entry = next((item[2] for item in journal if item[0] == "+" and item[2][2]), None)
             if entry is not None:
                 self.config.block_size, self.sized = entry[2], True
         return self.sized

@@ -101,7 +101,8 @@ def _event(raw):
         tokens, size = f.get("token_ids") or [], f.get("block_size")
         if parent is not None and not isinstance(parent, (int, bytes)):
             raise WireError(f"BlockStored parent hash is a {type(parent).__name__}")
-        if not isinstance(size, int) or size <= 0 or not isinstance(tokens, list):
+        # block_size 0: the placeholder form of vLLM's offloading connector (no tokens either)
+        if not isinstance(size, int) or size < 0 or not isinstance(tokens, list):
             raise WireError(f"BlockStored block_size is {size!r}")
         name, salt = f.get("lora_name"), None
         meta = f.get("metadata", name if isinstance(name, dict) else None)

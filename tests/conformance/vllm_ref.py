@@ -27,6 +27,12 @@ NAMES = {
                      "SlidingWindowSpec"),
                     "vllm.v1.kv_cache_interface"),
     "Request": "vllm.v1.request",
+    # the offloading connector's own event translation (its CPU tier's two forms)
+    **dict.fromkeys(("OffloadingEventGroupSpec", "OffloadingEventsTracker"),
+                    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.events"),
+    "GroupOffloadConfig": "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler",
+    **dict.fromkeys(("Medium", "OffloadingEvent", "OffloadingKVEventsConfig", "make_offload_key"),
+                    "vllm.v1.kv_offload.base"),
 }
 
 

@@ -233,20 +233,19 @@ def test_kvscope_serve_on_a_hybrid_model_publishes_each_groups_hashes(hybrid_mod
 
 def test_publisher_events_name_the_group_and_chain_parents_only_within_it():
     from kvscope.engine import events as ev
-    from kvscope.sessions.kv_events.publisher import CachedHashes, to_kv_events
+    from kvscope.sessions.kv_events.publisher import TierHashes, to_kv_events
 
     def cached(blocks, hashes, parents, group=0):
         return ev.Event(ev.CACHED, 0, 1, tuple(blocks), 0, (*hashes, *parents), group=group)
 
-    one = to_kv_events([cached([5, 6], [11, 12], [99, 11])], CachedHashes(), 4, "CPU")
-    assert [(s.hashes, s.parent, s.group, s.spec_kind, s.sliding_window) for s in one] == \
-        [([11, 12], None, 0, FULL, None)]  # one group: as vLLM 0.33 sends it
-    hashes = CachedHashes()
+    one = to_kv_events([cached([5, 6], [11, 12], [99, 11])], TierHashes(), 4)
+    assert [(s.hashes, s.parent, s.group, s.spec_kind, s.sliding_window, s.medium)
+            for s in one] == [([11, 12], None, 0, FULL, None, "GPU")]  # as vLLM 0.33 sends it
+    hashes = TierHashes()
     out = to_kv_events([cached([1, 2], [11, 12], [99, 11]),
                         cached([3], [13], [12], group=1),  # 12 is cached in group 0 only
                         cached([4], [13], [12]),  # the same hash in group 0, after 12
-                        ev.Event(ev.EVICTED, 0, 2, (3, 2), group=0)], hashes, 4, "GPU",
-                       HYBRID)
+                        ev.Event(ev.EVICTED, 0, 2, (3, 2), group=0)], hashes, 4, HYBRID)
     assert [(s.hashes, s.parent, s.group, s.sliding_window) for s in out[:3]] == \
         [([11, 12], None, 0, None), ([13], None, 1, 8), ([13], 12, 0, None)]
     # evicted by a group-0 allocation, each hash removed from the group it was cached in

@@ -63,7 +63,8 @@ def test_sglang_batches_bytes_and_signed_hashes_and_salt_metadata():
     (msgspec.msgpack.encode("hello"), "not an event batch"),
     (msgspec.msgpack.encode([1.0, [["Nope", [1]]]]), "unknown event type"),
     (msgspec.msgpack.encode([1.0, [["BlockRemoved", ["x"]]]]), "block_hashes"),
-    (msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [], 0, None]]]), "block_size"),
+    (msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [], -4, None]]]), "block_size"),
+    (msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [], "4", None]]]), "block_size"),
     (msgspec.msgpack.encode([1.0, [3]]), "not an array or map"),
 ])
 def test_garbage_is_a_one_line_wire_error(payload, words):
