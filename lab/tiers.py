@@ -6,31 +6,40 @@ from __future__ import annotations
 
 import re
 
-from kvscope.lab.capacity import GIB, format_bytes
+from kvscope.lab.capacity import format_bytes
 
-HOST_SYNTAX = "blocks, or GiB with --kv-bytes-per-token, comma-separated, e.g. 8000,32000 or 4GiB"
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*gib", re.IGNORECASE)
+UNITS = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
+HOST_SYNTAX = "a number of blocks, or a size such as 4GiB or 512MiB"
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(" + "|".join(UNITS) + ")", re.IGNORECASE)
+_UNIT = {unit.lower(): n for unit, n in UNITS.items()}
+
+
+def host_size(text: str) -> tuple[int, int]:
+    """A host tier's size as `kvscope run --host-blocks` and `kvscope lab --host-blocks` take
+    it: '8000' -> (8000 blocks, 0), '4GiB' -> (0, 4 * 2**30 bytes); ValueError otherwise."""
+    size = _SIZE.fullmatch(text.strip())
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text), 0
+    if size is None or float(size[1]) <= 0:
+        raise ValueError(f"{text!r} is not a host size ({HOST_SYNTAX})")
+    return 0, int(float(size[1]) * _UNIT[size[2].lower()])
 
 
 def parse_host_sizes(text: str, bytes_per_block: int | None) -> list[int]:
-    """`8000,32000` or `4GiB,0.5GiB` (GiB: with a bytes per block) -> host blocks, in order;
+    """`8000,32000` or `4GiB,512MiB` (sizes: with a bytes per block) -> host blocks, in order;
     ValueError naming the part."""
     sizes = []
     for part in text.split(","):
-        part = part.strip()
-        gib = _SIZE.fullmatch(part)
-        if part.isdigit() and int(part) > 0:
-            sizes.append(int(part))
-        elif gib is None:
-            raise ValueError(f"{part!r} is not a host size ({HOST_SYNTAX})")
-        elif bytes_per_block is None:
-            raise ValueError(f"{part!r}: a size in GiB needs --kv-bytes-per-token (a trace "
+        blocks, size = host_size(part)
+        if size and bytes_per_block is None:
+            raise ValueError(f"{part.strip()!r}: a size needs --kv-bytes-per-token (a trace "
                              "has no model); or give host blocks")
-        else:
-            blocks = int(float(gib[1]) * GIB // bytes_per_block)
+        if size:
+            blocks = size // bytes_per_block
             if blocks < 1:
-                raise ValueError(f"{part!r} holds no block of {bytes_per_block:,} bytes")
-            sizes.append(blocks)
+                raise ValueError(f"{part.strip()!r} holds no block of {bytes_per_block:,} "
+                                 "bytes")
+        sizes.append(blocks)
     if len(set(sizes)) < len(sizes):
         raise ValueError(f"{text!r} names a host size twice")
     return sizes

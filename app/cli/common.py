@@ -39,22 +39,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-_SIZES = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
-
-
 def host_size(text: str) -> tuple[int, int]:
-    """--host-blocks: (blocks, 0) for a whole number, (0, bytes) for a size with a unit."""
-    unit = next((u for u in _SIZES if text.endswith(u)), None)
-    number = text[: -len(unit)] if unit else text
+    """--host-blocks: (blocks, 0) or (0, bytes) (lab.tiers.host_size)."""
+    from kvscope.lab import tiers
+
     try:
-        value = float(number) if unit else int(number)
-    except ValueError:
-        value = -1
-    if not value >= (0 if unit else 1) or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"expected a number of blocks (an integer >= 1) or a size such as 2GiB or 512MiB, "
-            f"got {text!r}")
-    return (0, int(value * _SIZES[unit])) if unit else (value, 0)
+        return tiers.host_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

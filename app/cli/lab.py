@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
                    "of the window before the hit point). Default: one full-attention group, "
                    "or a session's own groups")
     p.add_argument("--host-blocks", default=None, metavar="H[,H2...]",
-                   help=f"host tier sizes behind the pool: {tiers.HOST_SYNTAX}. Each what-if "
+                   help=f"host tier sizes behind the pool, comma-separated: {tiers.HOST_SYNTAX} "
+                   "(a size with --kv-bytes-per-token). Each what-if "
                    "row is followed by one per host size (hits per tier, blocks offloaded and "
                    "loaded, the sizing line); one full-attention group only")
     p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(),

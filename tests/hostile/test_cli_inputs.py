@@ -52,8 +52,8 @@ def test_a_bad_host_tier_size_exits_2_naming_the_option(kvscope, workload, tiny_
     code, _, err = run(kvscope, workload, tiny_model, "--host-blocks", value)
     assert code == 2 and "Traceback" not in err  # argparse's usage, then its one error line
     assert err.strip().splitlines()[-1].endswith(
-        f"argument --host-blocks: expected a number of blocks (an integer >= 1) or a size such "
-        f"as 2GiB or 512MiB, got {value!r}")
+        f"argument --host-blocks: {value!r} is not a host size (a number of blocks, or a size "
+        "such as 4GiB or 512MiB)")
 
 
 @pytest.mark.parametrize("value, words", [

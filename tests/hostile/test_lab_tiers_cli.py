@@ -13,13 +13,13 @@ HEAD = Path(__file__).resolve().parents[1] / "data" / "mooncake_conversation_hea
 
 
 @pytest.mark.parametrize("value, extra, words", [
-    ("", [], ["--host-blocks: '' is not a host size", "e.g. 8000,32000 or 4GiB"]),
+    ("", [], ["--host-blocks: '' is not a host size", "a size such as 4GiB or 512MiB"]),
     ("0", [], ["'0' is not a host size"]),
     ("-8000", [], ["'-8000' is not a host size"]),
     ("1e4", [], ["'1e4' is not a host size"]),
-    ("4GB", ["--kv-bytes-per-token", "1024"], ["'4GB' is not a host size"]),
+    ("4TB", ["--kv-bytes-per-token", "1024"], ["'4TB' is not a host size"]),
     ("8000,", [], ["'' is not a host size"]),
-    ("4GiB", [], ["'4GiB': a size in GiB needs --kv-bytes-per-token"]),
+    ("4GiB", [], ["'4GiB': a size needs --kv-bytes-per-token"]),
     ("0.000001GiB", ["--kv-bytes-per-token", "65536"],
      ["'0.000001GiB' holds no block of 1,048,576 bytes"]),
     ("8000,8_000", [], ["'8_000' is not a host size"]),

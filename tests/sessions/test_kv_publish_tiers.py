@@ -58,16 +58,16 @@ def test_offload_host_eviction_and_load_back_as_vllm_tier_events():
         ("Stored", "GPU", ["b0", "b1", "b2", "b3"], None)]
     p.run(p.m.free, 2)
     # a again: a0, a1 are loaded back from the host (GPU stores; the host keeps its copies), a2
-    # is recomputed. Held for the load, a0 and a1 leave one host block: b3 is offloaded into a2's
-    # (a host eviction), b2 is dropped, then b1 takes b3's place; b1's parent b0 is still on
-    # the device, so its CPU store names it
+    # is recomputed. Held for the load, a0 and a1 leave one host block: of b3 and b2 (evicted
+    # tail first) the host takes the last evicted, b2, into a2's place (a host eviction), b3 is
+    # dropped; then b1 takes b2's place. Each CPU store names its parent, still on the device
     assert p.read(p.run(p.m.admit, 3, a)) == [
         ("Removed", "GPU", ["b3", "b2"]),
         ("Removed", "CPU", ["a2"]),
-        ("Stored", "CPU", ["b3"], None),
+        ("Stored", "CPU", ["b2"], "b1"),
         ("Stored", "GPU", ["a0", "a1"], None),
         ("Removed", "GPU", ["b1"]),
-        ("Removed", "CPU", ["b3"]),
+        ("Removed", "CPU", ["b2"]),
         ("Stored", "CPU", ["b1"], "b0"),
         ("Stored", "GPU", ["a2"], "a1")]
     host = p.m.host_counters()
