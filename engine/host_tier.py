@@ -58,7 +58,12 @@ class HostTier:
         the last evicted, the nearest their chains' heads."""
         keys, self.device.evicted_keys = self.device.evicted_keys, []
         host = self.pool
-        keys = [k for k in keys if k[1] not in host.hash_to_block]
+        seen, last = set(host.hash_to_block), []  # (two device copies of a hash: one copy)
+        for k in reversed(keys):
+            if k[1] not in seen:
+                seen.add(k[1])
+                last.append(k)
+        keys = last[::-1]
         keys = keys[len(keys) - min(len(keys), host.num_available):]
         if not keys:
             return

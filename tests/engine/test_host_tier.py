@@ -88,6 +88,21 @@ def test_a_salt_never_hits_another_salts_blocks_on_the_host():
     assert mgr.admit(3, A, cache_salt="tenant-a") == 8
 
 
+def test_two_device_copies_of_a_hash_evicted_together_make_one_host_copy():
+    """A 4-token prompt looks nothing up (its last token is computed) yet caches its block: run
+    twice, the device holds two copies of one hash; both evicted at once, the host takes one."""
+    mgr = KVCacheManager(5, BS, host_blocks=4)
+    mgr.admit(0, A)  # holds 3 of the 5 blocks
+    for rid in (1, 2):
+        mgr.admit(rid, [100] * 4)
+        mgr.free(rid)
+    (h,) = mgr.pool.copies
+    mgr.free(0)
+    mgr.admit(3, list(range(60, 80)))  # 5 blocks: every cached one evicted
+    assert not mgr.host.pool.copies and h in mgr.host.pool.hash_to_block
+    assert mgr.host_counters().num_offloaded_blocks == 3  # A's 2 full blocks and [100] * 4
+
+
 def test_a_request_cancelled_while_its_blocks_load_leaves_no_block_held():
     """Cancelled in the step that loads it: its device blocks are released, and the host
     blocks it loads from stay held until the step's copies are made (the next step)."""

@@ -184,6 +184,7 @@ class HostMachine(CacheMachine):
     def __init__(self):
         super().__init__()
         self.host_kv = [None] * self.host_blocks
+        self.seen: list[list[int]] = []  # prompts admitted by admit_and_finish
         self.done = (0, 0)  # offloads and loads of this step already made
         self.tokens_of: dict = {}  # block hash -> the tokens it stands for
 
@@ -203,6 +204,21 @@ class HostMachine(CacheMachine):
     def next_step(self):
         self.mgr.begin_step(self.mgr.step + 1)
         self.done = (0, 0)
+
+    @rule(tokens=st.lists(st.integers(100, 10**6), min_size=4, max_size=13),
+          again=st.booleans())
+    def admit_and_finish(self, tokens, again):
+        """A prompt of its own (pressure: evictions to the host) or one seen before (a hit,
+        from either tier), admitted and freed at once, as a short request."""
+        if again and self.seen:
+            tokens = self.seen[len(tokens) % len(self.seen)]
+        rid = self.next_id
+        self.next_id += 1
+        if self.mgr.admit(rid, tokens) is not None:
+            self._write(rid, 0, [])
+            self.mgr.free(rid)
+            self.seen.append(tokens)
+        self.ops += 1
 
     @invariant()
     def the_host_tier_keeps_each_hash_once_with_its_tokens(self):
