@@ -46,8 +46,8 @@ class HostTier:
 
     def begin_step(self, step: int) -> None:
         """The previous step's copies are made: its loaded host blocks may be taken again."""
-        if self._held:
-            self.pool.release(self._held[::-1], step)
+        if self._held:  # (in block order: a replay from a keyframe knows no other)
+            self.pool.release(sorted(self._held), step)
         self._held, self.offloads, self.loads = [], [], []
 
     def offload_evicted(self, step: int, request_id: int | None) -> None:

@@ -386,7 +386,9 @@ class KVCacheManager:
                          {r: s.tables[0][:] for r, s in seqs}, self.num_computed(),
                          self.counters(), self.groups,
                          tuple({r: s.tables[g][:] for r, s in seqs}
-                               for g in range(1, len(self.groups))))
+                               for g in range(1, len(self.groups))),
+                         None if self.host is None else (self.host.pool.copy(),
+                                                         self.host.pool.num_evicted))
 
     # ----------------------------------------------------------------- helpers
     def _keys(self, cache_salt: str | None, adapter: str | None) -> ExtraKeys:

@@ -78,6 +78,9 @@ class Snapshot:
     groups: tuple[KVGroup, ...] = ONE_GROUP
     block_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     more_tables: tuple[dict[int, np.ndarray], ...] = ()
+    # The host tier (engine.host_tier): its pool as a snapshot of its own (no tables; ACTIVE:
+    # held while it is loaded from; its counters count its evictions); None: no host tier
+    host: Snapshot | None = None
 
     # The counters' totals, as before they were grouped.
     hit_tokens = property(lambda self: self.counters.hit_tokens)
@@ -101,10 +104,12 @@ class Snapshot:
     def from_pool(cls, pool, tables: dict[int, list[int]], num_computed_tokens: dict[int, int],
                   counters: CacheCounters, step: int, block_size: int,
                   groups: tuple[KVGroup, ...] = ONE_GROUP,
-                  more_tables: tuple[dict[int, list[int]], ...] = ()) -> Snapshot:
+                  more_tables: tuple[dict[int, list[int]], ...] = (),
+                  host: tuple[object, int] | None = None) -> Snapshot:
         """The one snapshot builder: from a BlockPool (live, or driven by recorded events in a
         replay) or a PoolCopy of one, and the requests' block tables (group 0's in `tables`,
-        the other groups' in `more_tables`)."""
+        the other groups' in `more_tables`); `host`: the host tier's pool (or a copy) and its
+        number of evictions."""
         n = len(pool.ref_count)
         ref = np.array(pool.ref_count, dtype=np.int32)
         block_hash = short_hashes(pool.block_hash)
@@ -135,7 +140,9 @@ class Snapshot:
             counters=counters, cached_seq=np.array(pool.cached_seq, dtype=np.int64),
             groups=tuple(groups), block_group=np.array(pool.group, dtype=np.uint8),
             more_tables=tuple({r: np.array(t, dtype=np.int32) for r, t in g.items()}
-                              for g in more_tables))
+                              for g in more_tables),
+            host=None if host is None else cls.from_pool(
+                host[0], {}, {}, CacheCounters(num_evicted_blocks=host[1]), step, block_size))
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""
@@ -143,6 +150,9 @@ class Snapshot:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if isinstance(a, np.ndarray):
                 if a.dtype != b.dtype or not np.array_equal(a, b):
+                    return False
+            elif f.name == "host":
+                if (a is None) != (b is None) or (a is not None and not a.equals(b)):
                     return False
             elif f.name in ("block_tables", "more_tables"):
                 pairs = [(a, b)] if f.name == "block_tables" else zip(a, b, strict=False)
@@ -182,8 +192,9 @@ class PoolState:
     counters: CacheCounters
     groups: tuple[KVGroup, ...] = ONE_GROUP
     more_tables: tuple[dict[int, list[int]], ...] = ()  # groups 1..'s
+    host: tuple[object, int] | None = None  # the host tier's PoolCopy and evictions
 
     def snapshot(self) -> Snapshot:
         return Snapshot.from_pool(self.pool, self.tables, self.num_computed_tokens,
                                   self.counters, self.step, self.block_size, self.groups,
-                                  self.more_tables)
+                                  self.more_tables, self.host)

@@ -213,10 +213,13 @@ class SessionReader(Seeking):
                 f"this kvscope reads versions up to {schema.SCHEMA_VERSION} (upgrade kvscope)")
         d["record_text"], d["complete"] = bool(d["record_text"]), bool(d["complete"])
         self.meta = SessionMeta(**d)
-        self._policy = self.meta.engine_config.get("eviction_policy", "lru")
-        if policies.check(self._policy):
-            raise CorruptSessionError(f"{self.path}: damaged session: unknown eviction policy "
-                                      f"{shown(self._policy)} in the metadata")
+        config = self.meta.engine_config
+        self._policy = config.get("eviction_policy", "lru")
+        self._host_policy = config.get("host_eviction_policy", "lru")  # (before host tiers)
+        for policy in (self._policy, self._host_policy):
+            if policies.check(policy):
+                raise CorruptSessionError(f"{self.path}: damaged session: unknown eviction "
+                                          f"policy {shown(policy)} in the metadata")
         index = conn.execute("SELECT step, captured FROM steps ORDER BY step").fetchall()
         self._steps = [r[0] for r in index]
         self._captured = {r[0] for r in index if r[1]}

@@ -11,7 +11,10 @@ computed-token counts and the running totals) is recorded per step and set with 
 Any disagreement raises `ReplayError` rather than returning a wrong snapshot. Hashes are the
 recorded short hashes (8 bytes): the pool treats them as opaque keys; in KV-cache group g > 0
 (a block event's kind "<kind>@g") the pool's keys are kv_groups.group_key of them, and each
-group has its own block tables (NULL where a sliding window released a block).
+group has its own block tables (NULL where a sliding window released a block). A host tier
+(engine.host_tier) is a second BlockPool under its own policy, driven by its events the same way
+(HOST_EVICTED then OFFLOADED: allocate, cache, release; LOADED: hold until the next step, and
+cache the device blocks).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from kvscope.engine.snapshot import CacheCounters, Snapshot
 from kvscope.sessions.errors import ReplayError
 from kvscope.sessions.schema import event_columns, split_kind
 
-_BLOCK_EVENTS = frozenset((*ev.BLOCK_EVENTS, ev.LOADED))  # (a load registers device blocks)
+_BLOCK_EVENTS = frozenset((*ev.BLOCK_EVENTS, *ev.HOST_EVENTS))
 # The packed hashes column holds uint64s in the machine's order: on a little-endian machine its
 # 8-byte slices are the pool's keys as they are (no int -> bytes per hash).
 _RAW_KEYS = sys.byteorder == "little"
@@ -36,11 +39,19 @@ def _key(short: int) -> bytes:
 
 
 class PoolReplay:
-    def __init__(self, keyframe: Snapshot, eviction_policy: str = "lru"):
+    def __init__(self, keyframe: Snapshot, eviction_policy: str = "lru",
+                 host_eviction_policy: str = "lru"):
         s = keyframe
         self.block_size = s.block_size
         self.step = s.step
         self.pool = BlockPool.from_snapshot(s, eviction_policy)
+        self.host = (None if s.host is None else
+                     BlockPool.from_snapshot(s.host, host_eviction_policy))
+        # host blocks held for a load, released when the next step begins (as HostTier does)
+        self._held: list[int] = [] if s.host is None else \
+            [b for b, n in enumerate(s.host.ref_count.tolist()) for _ in range(n)]
+        self._held_step = s.step
+        self._host_evicted: list[int] = []
         self.tables: dict[int, list[int]] = {r: t.tolist() for r, t in s.block_tables.items()}
         self.groups = s.groups
         self.more = [{r: t.tolist() for r, t in g.items()} for g in s.more_tables]
@@ -55,6 +66,8 @@ class PoolReplay:
         new = object.__new__(PoolReplay)
         new.__dict__.update(self.__dict__)
         new.pool = self.pool.clone()
+        new.host = None if self.host is None else self.host.clone()
+        new._held, new._host_evicted = self._held[:], self._host_evicted[:]
         new.tables = {r: t[:] for r, t in self.tables.items()}
         new.more = [{r: t[:] for r, t in g.items()} for g in self.more]
         new.nct, new._evicted = dict(self.nct), self._evicted[:]
@@ -100,6 +113,8 @@ class PoolReplay:
     def _apply(self, kind: str, st: int, rid: int | None, blocks: list[int], hashes,
                group: int = 0) -> None:
         pool = self.pool
+        if self._held and st > self._held_step:
+            self._release_held(st)
         tables = self.more[group - 1] if group else self.tables
         if kind == ev.EVICTED:
             self._evicted = blocks
@@ -143,9 +158,36 @@ class PoolReplay:
         elif kind == ev.UNCACHED:
             for b in blocks:
                 pool.uncache(b)
-        elif kind == ev.LOADED:  # from the host tier into fresh device blocks: cached there
-            n = len(blocks) // 2
-            self._cache(blocks[n:], [_key(h) for h in hashes], st)
+        elif kind in ev.HOST_EVENTS:
+            self._apply_host(kind, st, blocks, hashes)
+
+    def _apply_host(self, kind: str, st: int, blocks: list[int], hashes) -> None:
+        host, n = self.host, len(blocks) // 2
+        if host is None:
+            raise ReplayError(f"step {st}: a {kind} event, but the session has no host tier")
+        keys = [_key(h) for h in hashes]
+        if kind == ev.HOST_EVICTED:
+            self._host_evicted = blocks
+        elif kind == ev.OFFLOADED:  # device blocks -> host blocks, as HostTier.offload_evicted
+            got, evicted = host.allocate(n, st)
+            if got != blocks[n:] or evicted != self._host_evicted:
+                raise ReplayError(f"step {st}: host blocks {blocks[n:]} taken evicting "
+                                  f"{self._host_evicted}, but the host tier hands out {got} "
+                                  f"evicting {evicted}")
+            self._host_evicted = []
+            for b, h, p in zip(got, keys[:n], keys[n:], strict=True):
+                host.cache(b, h, p)
+            host.release(got, st)
+        elif kind == ev.LOADED:  # host blocks -> fresh device blocks, cached there
+            host.take(blocks[:n], st, hit=True)
+            self._held += blocks[:n]
+            self._held_step = st
+            self._cache(blocks[n:], keys, st)
+
+    def _release_held(self, st: int) -> None:
+        """The host blocks held for the last step's loads go back (HostTier.begin_step)."""
+        self.host.release(sorted(self._held), st)
+        self._held = []
 
     def _cache(self, blocks: list[int], keys: list[bytes], st: int) -> None:
         """keys: the blocks' hashes, then their chain parents' (as the pool's keys)."""
@@ -164,6 +206,8 @@ class PoolReplay:
 
     def end_step(self, step: int, nct: dict[int, int], totals: dict[str, int]) -> None:
         """Close a step: the live requests are those with computed-token counts."""
+        if self._held and step > self._held_step:
+            self._release_held(step)
         self.step = step
         self.nct = nct
         self.counters = CacheCounters(**totals)
@@ -178,8 +222,9 @@ class PoolReplay:
                     tables.setdefault(r, [])
 
     def snapshot(self) -> Snapshot:
+        host = None if self.host is None else (self.host, self.host.num_evicted)
         snap = Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters, self.step,
-                                  self.block_size, self.groups, self.more)
+                                  self.block_size, self.groups, self.more, host)
         if not self._has_seq:  # as the session's own keyframes: without it
             snap.cached_seq = snap.cached_seq[:0]
         return snap

@@ -46,6 +46,7 @@ from array import array
 from dataclasses import fields
 from itertools import accumulate, chain
 
+import msgspec
 import numpy as np
 
 from kvscope.engine import events as ev
@@ -130,7 +131,7 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
     kf = {"step": int, "num_blocks": int, "codec": str, "layout": str}
     kf.update({name: bytes for name in KEYFRAME_ARRAYS})
     kf.update({"table_ids": bytes, "table_lens": bytes, "table_blocks": bytes, "nct": bytes,
-               "counters": str})
+               "counters": str, "host": bytes})  # host: the host tier's keyframe, msgpack
     db["keyframes"].create(kf, pk="step")
 
 
@@ -293,7 +294,7 @@ def decode_nct(blob: bytes) -> dict[int, int]:
 # ------------------------------------------------------------------- keyframes
 def _scalar_fields() -> list[str]:
     skip = {"step", "block_size", "block_tables", "num_computed_tokens", "counters",
-            "groups", "more_tables", *KEYFRAME_ARRAYS}
+            "groups", "more_tables", "host", *KEYFRAME_ARRAYS}
     return [f.name for f in fields(Snapshot) if f.name not in skip]
 
 
@@ -321,6 +322,8 @@ def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     counters.update(zip(CacheCounters.names(), snap.counters.as_tuple(), strict=True))
     row["counters"] = json.dumps(counters)
     row["layout"] = json.dumps(layout)
+    if snap.host is not None:  # the host tier's pool: a keyframe of its own, in one blob
+        row["host"] = msgspec.msgpack.encode(encode_keyframe(snap.host, level))
     return row
 
 
@@ -369,6 +372,15 @@ def decode_keyframe(row: dict) -> Snapshot:
     groups = tuple(KVGroup(g[0], tuple(g[1]), *g[2:3]) for g in layout.get("groups", ()))
     more = tuple({int(r): np.array(t, dtype=np.int32) for r, t in g.items()}
                  for g in layout.get("more_tables", ()))
+    host = row.get("host")  # (files from before host tiers: no such column)
+    if host:
+        try:
+            host = msgspec.msgpack.decode(host)
+            if not isinstance(host, dict) or host.get("host"):
+                raise TypeError
+            host = decode_keyframe(host)
+        except (msgspec.DecodeError, KeyError, TypeError):
+            raise ValueError("keyframe host tier is not a keyframe") from None
     return Snapshot(step=row["step"], block_size=layout["block_size"], block_tables=tables,
                     num_computed_tokens=nct, counters=counters, groups=groups or ONE_GROUP,
-                    more_tables=more, **arrays, **scalars)
+                    more_tables=more, host=host or None, **arrays, **scalars)

@@ -42,7 +42,7 @@ class Frame:
 
 class Seeking:
     """SessionReader's replaying half (it reads through the reader's `_query`, `_steps`,
-    `_captured`, `keyframe_steps`, `meta`, `_policy` and `_conn`)."""
+    `_captured`, `keyframe_steps`, `meta`, `_policy`, `_host_policy` and `_conn`)."""
 
     def snapshot_at(self, step: int) -> Snapshot:
         """The block state at the end of `step`, equal to the live engine's snapshot then."""
@@ -93,7 +93,7 @@ class Seeking:
             kept.move_to_end(base)
         else:
             self._keep(base, PoolReplay(self._keyframe(base) if kf is None else kf,
-                                        self._policy))
+                                        self._policy, self._host_policy))
         return kept[base].copy()
 
     def _keep(self, step: int, replay: PoolReplay) -> None:
@@ -194,7 +194,7 @@ class Seeking:
         problems found (empty: the events reproduce every keyframe exactly)."""
         problems = []
         for a, b in zip(self.keyframe_steps, self.keyframe_steps[1:], strict=False):
-            cur = PoolReplay(self._keyframe(a), self._policy)
+            cur = PoolReplay(self._keyframe(a), self._policy, self._host_policy)
             try:
                 self._advance(cur, b)
                 if not cur.snapshot().equals(self._keyframe(b)):

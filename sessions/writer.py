@@ -243,9 +243,10 @@ class SessionWriter:
         snap = raw.snapshot()
         if not self.raw_hashes:
             key = self.stored_hash
-            for name in ("block_hash", "parent_hash"):
-                a = getattr(snap, name)
-                setattr(snap, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))
+            for pool in (snap, snap.host) if snap.host is not None else (snap,):
+                for name in ("block_hash", "parent_hash"):
+                    a = getattr(pool, name)
+                    setattr(pool, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))
         return snap
 
     def _salt_digest(self, salt: str | None) -> str | None:

@@ -127,3 +127,16 @@ def test_a_keyframe_bomb_is_refused_without_inflating_it(session):
     with SessionReader(session) as reader, pytest.raises(CorruptSessionError,
                                                          match="damaged keyframe"):
         reader.snapshot_at(first)
+
+
+@pytest.mark.parametrize("blob", [b"\x81\xa4host\xc3", b"\xc1garbage", b"\x93\x01\x02\x03"],
+                         ids=["nested", "not msgpack", "a list"])
+def test_a_damaged_host_tier_keyframe_is_a_damaged_keyframe(session, blob):
+    """The host tier's keyframe (one msgpack blob per keyframe) that is not one: the reader
+    says which keyframe is damaged, never a traceback."""
+    with SessionReader(session) as reader:
+        first = reader.keyframe_steps[0]
+    corrupt(session, f"UPDATE keyframes SET host = X'{blob.hex()}' WHERE step = {first}")
+    with SessionReader(session) as reader, pytest.raises(CorruptSessionError,
+                                                         match="damaged keyframe"):
+        reader.snapshot_at(first)

@@ -110,6 +110,8 @@ def stored(snap: Snapshot, rec) -> Snapshot:
     for name in ("block_hash", "parent_hash"):
         a = getattr(snap, name)
         setattr(out, name, np.array([rec.stored_hash(int(h)) for h in a], dtype=np.uint64))
+    if snap.host is not None:  # the host tier's pool too
+        out.host = stored(snap.host, rec)
     return out
 
 
