@@ -14,6 +14,7 @@ from kvscope.lab.experiments import (
     fp8,
     lengths,
     naive,
+    offload,
     warm_prefix,
     warmup,
 )
@@ -38,6 +39,7 @@ EXPERIMENTS = {e.name: e for e in (
     Experiment(capacity.NAME, capacity.CLAIM, capacity.measure),
     Experiment(fp8.NAME, fp8.CLAIM, fp8.measure),
     Experiment(block_size.NAME, block_size.CLAIM, block_size.measure),
+    Experiment(offload.NAME, offload.CLAIM, offload.measure),
 )}
 
 

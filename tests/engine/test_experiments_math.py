@@ -10,6 +10,7 @@ from kvscope.lab.experiments import (
     fp8,
     lengths,
     naive,
+    offload,
     warm_prefix,
     warmup,
 )
@@ -140,6 +141,35 @@ def test_block_size_whole_blocks_only():
     assert block_size.ideal_hit_tokens(200, 128) == 128
     r = block_size.summarize([[8, 400, 400, 1.0, 2.0], [64, 384, 384, 1.0, 1.5]], 200, 3)
     assert "reused 400 tokens at block size 8 and 384 at 64" in r.verdict
+
+
+def test_offload_crossing_is_where_loading_starts_to_win_for_good():
+    lengths = [16, 32, 64, 128]
+    recompute = [2.0, 3.0, 5.0, 9.0]
+    assert offload.crossing(lengths, recompute, [3.0, 3.5, 4.0, 5.0]) == 64
+    assert offload.crossing(lengths, recompute, [1.5, 3.5, 4.0, 5.0]) == 64  # a lone early win
+    assert offload.crossing(lengths, recompute, [1.0, 2.0, 3.0, 4.0]) == 16
+    assert offload.crossing(lengths, recompute, [3.0, 3.5, 4.0, 9.0]) is None  # a tie at the end
+    assert offload.crossing(lengths, recompute, [3.0, 4.0, 6.0, 10.0]) is None
+
+
+def test_offload_verdict_names_the_crossing_or_its_absence():
+    rows = [[n, 0, n, n, cold, 1.0, host, 0.5] for n, cold, host in
+            ((16, 2.0, 3.0), (32, 3.0, 3.5), (64, 5.0, 4.0), (128, 9.0, 5.0))]
+    r = offload.summarize(rows)
+    assert r.verdict == ("on this machine (cpu), loading a prefix of >= 64 tokens back from the "
+                         "host tier is faster than recomputing it: 4 ms vs 5 ms at 64; at 128 "
+                         "tokens: recompute 9 ms, host 5 ms (load 0.5 ms), device 1 ms")
+    slow = [row[:6] + [row[4] + 1, 0.5] for row in rows]
+    assert offload.summarize(slow, "cuda").verdict.startswith(
+        "on this machine (cuda), no crossing in the range measured (16-128 tokens)")
+
+
+def test_offload_lengths_reach_the_context_in_whole_blocks():
+    assert offload.prefix_lengths(2048, quick=False) == [16, 32, 64, 128, 256, 512, 1024, 2032]
+    assert offload.prefix_lengths(100, quick=False) == [16, 32, 64, 80]
+    assert offload.prefix_lengths(131072, quick=False)[-2:] == [4096, 8192]
+    assert offload.prefix_lengths(2048, quick=True) == [32, 64, 128]
 
 
 def test_result_table_and_csv():

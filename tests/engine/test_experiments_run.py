@@ -83,6 +83,16 @@ def test_block_size_hits_are_whole_blocks(bench):
     assert r.column("hit tokens")[-1] == 0  # 40 shared tokens: less than one 64-token block
 
 
+def test_offload_hits_the_host_for_the_whole_prefix_and_recomputes_it_cold(bench):
+    r = measure(bench, "offload")
+    lengths = r.column("prefix tokens")
+    assert lengths == [32, 64, 128]  # whole 16-token blocks, an 8-token suffix after them
+    assert r.column("recompute hit tokens") == [0, 0, 0]
+    assert r.column("device hit tokens") == lengths
+    assert r.column("host hit tokens") == lengths  # metrics.host_cached_tokens: every block
+    assert all(t > 0 for t in r.column("load ms"))  # the step records' transfer_s
+
+
 def test_progress_reaches_the_end_and_cancel_stops_a_run():
     seen = []
     r = run("fp8", control=Control(progress=lambda f, _text: seen.append(f)), quick=True)
