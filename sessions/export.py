@@ -16,6 +16,9 @@ touch never overlap by a rounding error):
 - a session with more than one KV-cache group: per group, a counter track of the blocks it
   holds and keeps cached, and a track of its block events (sessions/trace_groups.py; its
   evictions move there); the requests' cache hits and copies name their group.
+- a session with a host tier: a track "host transfers" with a span per step that copied blocks
+  to or from the host (the step's forward spans follow it), and a counter track "host blocks"
+  (sessions/trace_host.py).
 
 The trace starts when the recording started: a request already running then is drawn in the
 phase it was in from time 0; requests finished before it are left out.
@@ -33,7 +36,8 @@ from pathlib import Path
 from kvscope.engine import events as ev
 from kvscope.engine.kv_groups import NULL, KVGroup
 from kvscope.sessions.reader import RecordedRequest, SessionReader
-from kvscope.sessions.trace_groups import group_tracks
+from kvscope.sessions.trace_groups import FIRST_GROUP_TID, group_tracks
+from kvscope.sessions.trace_host import host_tracks, transfer_us
 
 ENGINE_PID, REQUESTS_PID = 1, 2
 STEPS_TID, CACHE_TID = 1, 2
@@ -102,7 +106,7 @@ def chrome_trace(reader: SessionReader, first: int | None = None,
                     warmup=s.warmup)
         out.append(dict(ph="X", pid=ENGINE_PID, tid=STEPS_TID, name=f"step {s.step}", ts=a,
                         dur=b - a, cat="step", args=args))
-        t = a
+        t = a + min(transfer_us(s), b - a)  # the forward pass after the host tier's copies
         for name, secs, tokens in (("prefill", s.prefill_s, s.prefill_tokens),
                                    ("decode", s.decode_s, s.decode_tokens)):
             if tokens:
@@ -137,6 +141,9 @@ def chrome_trace(reader: SessionReader, first: int | None = None,
     if len(groups) > 1:
         out += group_tracks(reader, ENGINE_PID, step_ends, events, us_ns)
         other["kv_cache_groups"] = [g.name for g in groups]
+    if reader.has_host_tier:  # (an engine with a host tier has one KV-cache group)
+        tid = FIRST_GROUP_TID + (len(groups) if len(groups) > 1 else 0)
+        out += host_tracks(reader, ENGINE_PID, tid, steps, step_ends, us)
     if first is not None or last is not None:
         other["steps"] = [steps[0].step, steps[-1].step] if steps else []
     return dict(traceEvents=out, displayTimeUnit="ms", otherData=other)

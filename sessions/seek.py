@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvscope.engine.block_pool import BlockCounts
 from kvscope.engine.events import Event
 from kvscope.engine.kv_groups import ONE_GROUP, KVGroup
 from kvscope.engine.metrics import StepRecord
@@ -135,19 +136,38 @@ class Seeking:
         return self._keyframe(self.keyframe_steps[0]).groups if self.keyframe_steps else \
             ONE_GROUP
 
+    @functools.cached_property
+    def has_host_tier(self) -> bool:
+        """The session's engine had a host tier (engine.host_tier), as its first keyframe has
+        it (none in a file from before host tiers)."""
+        return bool(self.keyframe_steps) and \
+            self._keyframe(self.keyframe_steps[0]).host is not None
+
     def group_blocks(self, first: int, last: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """For each step first..last with its block state: the blocks held and cached in each
         KV-cache group at its end (BlockPool.group_counts), by one replay forward."""
+        n = len(self.groups)
+        return self._each_step(first, last, lambda cur: cur.pool.group_counts(n))
+
+    def host_blocks(self, first: int, last: int) -> dict[int, BlockCounts]:
+        """For each step first..last with its block state: the host tier's blocks (free, active:
+        held while loaded from, cached) at its end, by one replay forward; empty in a session
+        without a host tier."""
+        if not self.has_host_tier:
+            return {}
+        return self._each_step(first, last, lambda cur: cur.host.counts())
+
+    def _each_step(self, first: int, last: int, of) -> dict:
+        """{step: of(replay at its end)} for each step first..last with its block state."""
         captured = [s for s in range(max(first, self.first_step or 0),
                                      min(last, self.last_step or -1) + 1) if s in self._captured]
         if not captured:
             return {}
         self.snapshot_at(captured[0])  # the cursor, there
-        cur, n = self._cursor, len(self.groups)
-        out = {captured[0]: cur.pool.group_counts(n)}
+        cur = self._cursor
+        out = {captured[0]: of(cur)}
         try:
-            self._advance(cur, captured[-1],
-                          on_step=lambda s: out.__setitem__(s, cur.pool.group_counts(n)))
+            self._advance(cur, captured[-1], on_step=lambda s: out.__setitem__(s, of(cur)))
         except BaseException:
             self._cursor = None
             raise
