@@ -28,6 +28,7 @@ from kvscope.app.panels.timeline_series import (
     PLOTS,
     SeriesPlots,
 )
+from kvscope.app.panels.timeline_transfers import TransferLines
 from kvscope.app.selection import Selection
 from kvscope.engine.metrics import StepRecord
 
@@ -45,7 +46,7 @@ HOVER_HINT = ("Hover a step for its values; drag or wheel to pan and zoom, F or 
 STEP_LABEL, SECONDS_LABEL = "step", "seconds since the first step"
 
 
-class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
+class Timeline(GroupLines, TransferLines, SeriesPlots, RangeSelection, QWidget):
     step_clicked = Signal(int)
     export_range_requested = Signal(int, int)  # the first and last step of the range shown
 
@@ -132,6 +133,7 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
                         dashed=True)
         self.dead_curve = self.series["dead"].items[0]
         self.hit_curve = self._own_series("hit", self.hit_plot, palette.CACHED_COLOR, "hit %")
+        self._init_transfers()  # the host tier's plot: lines only for a run with a host tier
         self.markers = EventMarkers(self.time_plot)  # after the curves: drawn over them
         # Undrawn, the steps' x extent (no y): following the newest step, the x range is fitted
         # to the time plot's lines, and an attached server shows none there (no forward times).
@@ -173,6 +175,8 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
     def show_frame(self, frame: Frame) -> None:
         if frame.snapshot is not None:
             self.name_groups(frame.snapshot.groups)
+            if frame.snapshot.host is not None:
+                self.offer_transfers()  # a host tier, even before its first copy
         self.redrew = self.add_records(frame.records)  # first: the markers' steps have an x
         if frame.dead_counts is not None:  # a flat 0 is not drawn (nor listed)
             steps, counts = frame.dead_counts
@@ -187,6 +191,7 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
         self._hit = self._query = 0
         self.markers.clear()
         self._clear_groups()
+        self._clear_transfers()
         self.clear_range()
         self.time_plot.setXRange(0, 1, padding=0)  # not the last run's steps: nothing yet
         self.fit()  # a new run: follow it again
@@ -281,6 +286,7 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
         for f in FIELDS:
             self.data[f] = np.concatenate([self.data[f], np.asarray(cols[f], dtype=np.float64)])
         self._add_group_records(records)
+        self._add_transfer_records(records)
         self.x = self._x_of(self.data)
         self._pending += len(records)
         if not self.isVisible():
@@ -327,6 +333,7 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
             (self.hit_curve, np.divide(100 * d["hit_tokens"], q, out=np.zeros_like(q),
                                        where=q > 0)),
             *self._group_lines(),
+            *self._transfer_lines(),
         ]
         vb = self.time_plot.vb
         follow = bool(vb.autoRangeEnabled()[0])
@@ -405,7 +412,8 @@ class Timeline(GroupLines, SeriesPlots, RangeSelection, QWidget):
                 line.setValue(self.x[i])
         if i is not None:
             self.readout.setText(self._readout_of(self.data, i, self.markers.at(
-                int(self.data["step"][i]))) + self._groups_readout(i))
+                int(self.data["step"][i]))) + self._groups_readout(i)
+                + self._transfers_readout(i))
 
     def set_readout(self, text_of=None) -> None:
         """What the readout says at the step under the mouse: text_of(data, i, events), in the

@@ -21,14 +21,16 @@ from kvscope.app.panels.plot_grid import Grid
 from kvscope.app.panels.timeline_parts import MARKERS, SpacedAxis, StepAxis
 
 # top to bottom; "batch": the tokens plot's right axis; "groups" only for a model with several
-# KV-cache groups (timeline_groups.py)
-PLOTS = ("time", "tokens", "blocks", "groups", "hit")
+# KV-cache groups (timeline_groups.py), "transfers" only for a run with a host tier
+# (timeline_transfers.py)
+PLOTS = ("time", "tokens", "blocks", "groups", "transfers", "hit")
 BATCH_LABEL = "batch"
 # What the user can show (the View menu and the plots' right-click menu; kept in QSettings);
 # the time plot always is (it holds the x range, the events and the selected range).
 PLOT_NAMES = {"time": "Forward time per step", "tokens": "Tokens and batch size",
               "blocks": "Blocks (active, cached, free)",
               "groups": "KV groups (blocks per group, freed by the window)",
+              "transfers": "Transfers (blocks to and from the host tier, copy time)",
               "hit": "Token hit rate"}
 DEFAULT_PLOTS = ("time", "blocks")  # two plots fit a short dock with their titles
 PLOTS_KEY = "timeline/plots"
@@ -76,6 +78,7 @@ class SeriesPlots:
         self._settings = None  # where the user's choice is kept (use_settings)
         self.plot_actions: dict[str, QAction] = {}
         self.num_groups = 1  # KV-cache groups of the run shown: the groups plot needs two
+        self.has_host_tier = False  # the run shown has a host tier: the transfers plot is offered
 
     # ------------------------------------------------------------------ plots
     def _plot(self, name: str, label: str, tip: str, ticks=None) -> pg.PlotItem:
@@ -146,9 +149,7 @@ class SeriesPlots:
         self._lay_out_plots()
 
     def _lay_out_plots(self) -> None:
-        want = set(self._chosen) | set(self._required)
-        if self.num_groups < 2:
-            want.discard("groups")
+        want = {n for n in set(self._chosen) | set(self._required) if self._offered(n)}
         shown = tuple(n for n in PLOTS if n in want)
         self.shown_plots = shown
         layout = self.glw.ci.layout
@@ -160,12 +161,18 @@ class SeriesPlots:
             p.setVisible(name in shown)
             p.showAxis("bottom", name == shown[-1])
         self.batch_view.setVisible("tokens" in shown)
+        self.transfer_view.setVisible("transfers" in shown)
         for name, action in self.plot_actions.items():
             action.setChecked(name in shown)
             action.setEnabled(name != "time" and name not in self._required)
-            action.setVisible(name != "groups" or self.num_groups > 1)
+            action.setVisible(self._offered(name))
         self._update_titles()
         self._legend_changed()
+
+    def _offered(self, name: str) -> bool:
+        """The plot has something to show for the run: the groups plot with several KV-cache
+        groups, the transfers plot with a host tier, the others always."""
+        return {"groups": self.num_groups > 1, "transfers": self.has_host_tier}.get(name, True)
 
     def use_settings(self, settings) -> None:
         """Show the plots last chosen (DEFAULT_PLOTS the first time) and keep each choice."""
@@ -191,13 +198,14 @@ class SeriesPlots:
     def _update_titles(self) -> None:
         """Short plots have no room for their rotated titles (they would overlap): hidden
         then, where the legend line names the curves."""
-        if "batch" not in self.series:  # still being built
+        if "transfer" not in self.series:  # still being built (its last series)
             return
         tall = self._tall()
         for p in self.plots.values():
             p.getAxis("left").showLabel(self._title_fits(p))
         self.x_axis.showLabel(tall)  # the ticks say "s" on the wall-clock axis
         self.plots["tokens"].getAxis("right").showLabel(tall and self.series["batch"].visible)
+        self.plots["transfers"].getAxis("right").showLabel(tall)
         hit_ticks = (0, 50, 100) if tall else (0, 100)  # three labels would overlap
         self.plots["hit"].getAxis("left").setTicks([[(v, str(v)) for v in hit_ticks]])
 
@@ -234,8 +242,10 @@ class SeriesPlots:
 
     # ------------------------------------------------------------------ series
     def _own_series(self, name: str, plot: pg.PlotItem | pg.ViewBox, color: str, label: str,
-                    fill: bool = False, legend_order: int | None = None) -> pg.PlotDataItem:
-        """A series drawn from the records (see Timeline._redraw); filled: with its bars."""
+                    fill: bool = False, legend_order: int | None = None,
+                    on: str | None = None) -> pg.PlotDataItem:
+        """A series drawn from the records (see Timeline._redraw); filled: with its bars; `on`:
+        the plot a right axis's view belongs to (the batch size's: "batch")."""
         curve = pg.PlotDataItem(pen=pg.mkPen(color), fillLevel=0 if fill else None,
                                 brush=pg.mkBrush(color) if fill else None, name=label)
         plot.addItem(curve)
@@ -244,8 +254,8 @@ class SeriesPlots:
             bars = pg.PlotCurveItem(pen=pg.mkPen(color), connect="pairs", antialias=False)
             plot.addItem(bars)
             items.append(bars)
-        self._register(name, Series(self._plot_name(plot), pg.mkColor(color).name(), label,
-                                    label, False, items, own=True), legend_order)
+        self._register(name, Series(on or self._plot_name(plot), pg.mkColor(color).name(),
+                                    label, label, False, items, own=True), legend_order)
         return curve
 
     def _plot_name(self, plot) -> str:

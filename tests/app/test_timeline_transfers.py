@@ -1,0 +1,107 @@
+"""The timeline's Transfers plot: a recorded run of a real engine with a host tier (a tiny Llama,
+40 device blocks, 24 host blocks) replayed in the window; the plot is chosen from View >
+Timeline plots and shows the blocks offloaded and loaded and the copy time of each step, as the
+step records have them; a run without a host tier has no such plot nor menu entry."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_timeline_plots import at_step, menu_entry, shown
+from window_testutil import bare_window
+
+from kvscope.app.panels.timeline_series import DEFAULT_PLOTS, PLOT_NAMES
+
+SHOTS = Path("/tmp/timeline-host-shots")
+
+
+@pytest.fixture(scope="module")
+def host_run(tmp_path_factory):
+    """(session path, its step records as the file has them)."""
+    tests = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(tests / "models"))
+    sys.path.insert(0, str(tests / "sessions"))
+    from model_testutil import build_tiny_model
+    from session_testutil import drive, make_engine
+
+    from kvscope.sessions import Recorder, SessionReader
+
+    folder = tmp_path_factory.mktemp("host_tier")
+    build_tiny_model("llama3_rope_gqa_tied", folder)
+    engine = make_engine(folder, host_blocks=24)
+    path = folder / "host.kvscope"
+    with Recorder(path, engine):
+        drive(engine, max_steps=120)
+    with SessionReader(path) as r:
+        return path, r.steps()
+
+
+def test_the_transfers_plot_from_the_view_menu_shows_each_steps_copies(qtbot, tmp_path,
+                                                                       host_run):
+    path, records = host_run
+    loaded = [r.step for r in records if r.loaded_blocks]
+    assert loaded and sum(r.offloaded_blocks for r in records) > 10
+    w = bare_window(qtbot, tmp_path, (1280, 720))
+    t = w.timeline
+    entry = menu_entry(w, PLOT_NAMES["transfers"])
+    assert not entry.isVisible()  # no run with a host tier yet
+    assert w.open_session(str(path))
+    qtbot.waitUntil(lambda: len(t.data["step"]) == len(records))
+    assert entry.isVisible() and not entry.isChecked()
+    assert shown(t) == list(DEFAULT_PLOTS)  # not shown until chosen
+    assert "&nbsp;offloaded" not in t.legend
+    entry.trigger()
+    assert shown(t) == ["time", "blocks", "transfers"] and t.transfer_plot.isVisible()
+    assert t.x_axis is t.transfer_plot.getAxis("bottom")
+    legend = t.legend
+    labels = ("offloaded", "loaded", "copy ms (right axis)")
+    where = [legend.index(f"</span>&nbsp;{label}") for label in labels]  # each listed, in order
+    assert where == sorted(where)
+    qtbot.wait(50)
+    # every step's numbers, as the session's step records have them
+    want = {"offloaded": [r.offloaded_blocks for r in records],
+            "loaded": [r.loaded_blocks for r in records],
+            "transfer": [r.transfer_s * 1e3 for r in records]}
+    for name, values in want.items():
+        xs, ys = t.series[name].items[0].getData()
+        assert np.array_equal(xs, [r.step for r in records]), name
+        assert np.allclose(ys, values, rtol=0, atol=1e-9), name
+    assert t.transfer_view.isVisible() and t.transfer_view.viewRange()[1][1] >= max(
+        want["transfer"])  # the right axis holds the longest copy
+    # hover a step that loaded blocks back: its numbers in the readout
+    s = loaded[len(loaded) // 2]
+    qtbot.mouseMove(w.statusBar())
+    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.transfer_plot, s))
+    qtbot.waitUntil(lambda: t.readout.text().startswith(f"step {s} "))
+    r = records[s]
+    assert (f" · offloaded {r.offloaded_blocks}, loaded {r.loaded_blocks} in "
+            f"{r.transfer_s * 1e3:.3f} ms") in t.readout.text()
+    assert t.hover_lines[-1].isVisible() and t.hover_lines[-1].value() == s
+    SHOTS.mkdir(exist_ok=True)
+    w.grab().save(str(SHOTS / "timeline-transfers-1280x720-window.png"))
+    t.grab().save(str(SHOTS / "timeline-transfers-1280x720.png"))
+    entry.trigger()  # and it leaves again
+    assert "transfers" not in shown(t) and "offloaded" not in t.legend
+    w.close()
+
+
+def test_a_run_without_a_host_tier_has_no_transfers_plot_even_when_chosen_before(
+        qtbot, tmp_path, session, host_run):
+    w = bare_window(qtbot, tmp_path)
+    t = w.timeline
+    assert w.open_session(str(host_run[0]))
+    qtbot.waitUntil(lambda: t.has_host_tier)
+    menu_entry(w, PLOT_NAMES["transfers"]).trigger()
+    assert "transfers" in shown(t)
+    assert w.open_session(str(session))  # the demo model, no host tier
+    qtbot.waitUntil(lambda: len(t.data["step"]) > 0 and not t.has_host_tier)
+    assert "transfers" not in shown(t) and not menu_entry(w, PLOT_NAMES["transfers"]).isVisible()
+    assert "loaded" not in t.legend and not t.transfer_view.isVisible()
+    qtbot.mouseMove(w.statusBar())
+    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.block_plot, 3))
+    qtbot.waitUntil(lambda: t.readout.text().startswith("step 3 "))
+    assert "loaded" not in t.readout.text()
+    w.close()
