@@ -47,17 +47,29 @@ class TransferLines:
         self.offer_transfers(False)
 
     def _add_transfer_records(self, records: list[StepRecord]) -> None:
+        """Called once the records are in `data`. Without a host tier, nothing is kept."""
+        if not self.has_host_tier and not any(r.offloaded_blocks or r.loaded_blocks
+                                              for r in records):
+            return
         rows = np.array([(r.offloaded_blocks, r.loaded_blocks, r.transfer_s * 1e3)
                          for r in records], dtype=np.float64).reshape(len(records), 3)
+        self._pad_transfers(len(self.data["step"]) - len(records))
         self.transfers = np.concatenate([self.transfers, rows])
-        if rows[:, :2].any():
-            self.offer_transfers()
+        self.offer_transfers()  # (a run whose snapshots did not say so: its first copies)
+
+    def _pad_transfers(self, n: int) -> None:
+        """Zeros for the steps before the host tier showed itself (n steps in all)."""
+        if len(self.transfers) < n:
+            self.transfers = np.concatenate([self.transfers,
+                                             np.zeros((n - len(self.transfers), 3))])
 
     def offer_transfers(self, on: bool = True) -> None:
         """The plot and its menu entry offered (the run shown has a host tier) or not."""
         if on == self.has_host_tier:
             return
         self.has_host_tier = on
+        if on:
+            self._pad_transfers(len(self.data["step"]))
         if on and not self._step_lines_added:
             self._step_lines_added = True
             self._add_step_lines(self.transfer_plot)

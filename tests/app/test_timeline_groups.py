@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_timeline_plots import SIZES, at_step, menu_entry, shown
+from test_timeline_plots import SIZES, menu_entry, readout_at, shown
 from window_testutil import bare_window
 
 from kvscope.app.panels.timeline_series import DEFAULT_PLOTS, PLOT_NAMES
@@ -74,12 +74,10 @@ def test_the_kv_groups_plot_from_the_view_menu_replays_each_groups_blocks(qtbot,
     assert np.array_equal(t.series["freed"].items[0].getData()[1], freed)
     # hover a step where the window let go of blocks: its numbers in the readout
     s = int(np.flatnonzero(freed)[len(np.flatnonzero(freed)) // 2])
-    qtbot.mouseMove(w.statusBar())
-    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.group_plot, s))
-    qtbot.waitUntil(lambda: t.readout.text().startswith(f"step {s} "))
+    text = readout_at(qtbot, w, t, t.group_plot, s)
     r = records[s]
     assert (f"held full: {r.group_blocks[0]}, window 6: {r.group_blocks[1]} · window freed "
-            f"{r.window_freed_blocks}") in t.readout.text()
+            f"{r.window_freed_blocks}") in text
     SHOTS.mkdir(exist_ok=True)
     w.grab().save(str(SHOTS / f"timeline-groups-{size[0]}x{size[1]}-window.png"))
     t.grab().save(str(SHOTS / f"timeline-groups-{size[0]}x{size[1]}.png"))
@@ -100,8 +98,5 @@ def test_a_one_group_run_has_no_groups_plot_even_when_chosen_before(qtbot, tmp_p
     qtbot.waitUntil(lambda: len(t.data["step"]) > 0 and t.num_groups == 1)
     assert "groups" not in shown(t) and not menu_entry(w, PLOT_NAMES["groups"]).isVisible()
     assert "held" not in t.legend and len(t.hover_lines) == len(t.cursors) == 5
-    qtbot.mouseMove(w.statusBar())  # (the cursor may be where the last test left it)
-    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.block_plot, 3))
-    qtbot.waitUntil(lambda: t.readout.text().startswith("step 3 "))
-    assert "held" not in t.readout.text()
+    assert "held" not in readout_at(qtbot, w, t, t.block_plot, 3)
     w.close()

@@ -45,6 +45,15 @@ def at_step(t, plot, x: float):
     return t.glw.mapFromScene(plot.vb.mapViewToScene(QPointF(x, (y0 + y1) / 2)))
 
 
+def readout_at(qtbot, w, t, plot, step: int) -> str:
+    """The timeline's readout with the mouse on `plot` at `step`, come from outside it (the
+    cursor may be where the last test left it)."""
+    qtbot.mouseMove(w.statusBar())
+    qtbot.mouseMove(t.glw.viewport(), at_step(t, plot, step))
+    qtbot.waitUntil(lambda: t.readout.text().startswith(f"step {step} "))
+    return t.readout.text()
+
+
 @pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1600x1000"])
 def test_default_plots_show_their_titles_and_the_user_adds_one(qtbot, tmp_path, session, size):
     w = bare_window(qtbot, tmp_path, size)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_timeline_plots import at_step, menu_entry, shown
+from test_timeline_plots import menu_entry, readout_at, shown
 from window_testutil import bare_window
 
 from kvscope.app.panels.timeline_series import DEFAULT_PLOTS, PLOT_NAMES
@@ -73,12 +73,10 @@ def test_the_transfers_plot_from_the_view_menu_shows_each_steps_copies(qtbot, tm
         want["transfer"])  # the right axis holds the longest copy
     # hover a step that loaded blocks back: its numbers in the readout
     s = loaded[len(loaded) // 2]
-    qtbot.mouseMove(w.statusBar())
-    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.transfer_plot, s))
-    qtbot.waitUntil(lambda: t.readout.text().startswith(f"step {s} "))
+    text = readout_at(qtbot, w, t, t.transfer_plot, s)
     r = records[s]
     assert (f" · offloaded {r.offloaded_blocks}, loaded {r.loaded_blocks} in "
-            f"{r.transfer_s * 1e3:.3f} ms") in t.readout.text()
+            f"{r.transfer_s * 1e3:.3f} ms") in text
     assert t.hover_lines[-1].isVisible() and t.hover_lines[-1].value() == s
     SHOTS.mkdir(exist_ok=True)
     w.grab().save(str(SHOTS / "timeline-transfers-1280x720-window.png"))
@@ -100,8 +98,24 @@ def test_a_run_without_a_host_tier_has_no_transfers_plot_even_when_chosen_before
     qtbot.waitUntil(lambda: len(t.data["step"]) > 0 and not t.has_host_tier)
     assert "transfers" not in shown(t) and not menu_entry(w, PLOT_NAMES["transfers"]).isVisible()
     assert "loaded" not in t.legend and not t.transfer_view.isVisible()
-    qtbot.mouseMove(w.statusBar())
-    qtbot.mouseMove(t.glw.viewport(), at_step(t, t.block_plot, 3))
-    qtbot.waitUntil(lambda: t.readout.text().startswith("step 3 "))
-    assert "loaded" not in t.readout.text()
+    assert "loaded" not in readout_at(qtbot, w, t, t.block_plot, 3)
     w.close()
+
+
+def test_records_alone_show_the_tier_at_its_first_copy(qtbot):
+    """A source whose snapshots do not say there is a tier: the plot is offered at the first
+    step that copied blocks, its lines padded with the steps before; nothing kept until then."""
+    from kvscope.app.panels.timeline import Timeline
+    from kvscope.engine.metrics import StepRecord
+
+    t = Timeline()
+    qtbot.addWidget(t)
+    t.show()
+    records = [StepRecord(step=i, start_s=i / 100) for i in range(10)]
+    records[7].offloaded_blocks, records[7].loaded_blocks, records[7].transfer_s = 3, 1, 0.002
+    t.add_records(records[:5])
+    assert not t.has_host_tier and t.transfers.shape == (0, 3)
+    t.add_records(records[5:])
+    assert t.has_host_tier and t.plot_actions["transfers"].isVisible()
+    assert np.array_equal(t.series["loaded"].items[0].getData()[1], [0] * 7 + [1, 0, 0])
+    assert np.allclose(t.series["transfer"].items[0].getData()[1], [0] * 7 + [2, 0, 0])
