@@ -28,15 +28,16 @@ class RequestRow:
     cache_salt: str | None
     parent_id: int | None
     text: str
+    host_cached_tokens: int = 0  # of cached_tokens, those loaded back from the host tier
 
     @classmethod
     def new(cls, request_id: int, state: str, prompt_tokens: int, *, cached_tokens: int = 0,
             output_tokens: int = 0, ttft_s: float | None = None, tpot_s: float | None = None,
             cache_salt: str | None = None, parent_id: int | None = None,
-            text: str = "") -> RequestRow:
+            text: str = "", host_cached_tokens: int = 0) -> RequestRow:
         """A request's row: every source builds its rows with this (fields by name)."""
         return cls(request_id, state, prompt_tokens, cached_tokens, output_tokens, ttft_s, tpot_s,
-                   cache_salt, parent_id, text)
+                   cache_salt, parent_id, text, host_cached_tokens)
 
 
 @dataclass

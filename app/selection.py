@@ -17,20 +17,23 @@ class Selection(QObject):
     step_changed = Signal(object)  # step or None
     request_changed = Signal(object)  # request id or None
     blocks_changed = Signal(object)  # tuple of block ids (empty: none picked by hand)
+    host_blocks_changed = Signal(object)  # tuple of the host tier's block ids (empty: none)
 
     def __init__(self):
         super().__init__()
         self.step: int | None = None
         self.request: int | None = None
         self.blocks: tuple[int, ...] = ()
+        self.host_blocks: tuple[int, ...] = ()  # a host tier's block picked (pool_host)
         self.freed = FreedTables()  # the blocks requests freed, from the frames' events
 
     def reset(self) -> None:
         """Nothing selected, the newest step (a new source): every subscriber is told."""
-        self.step, self.request, self.blocks = None, None, ()
+        self.step, self.request, self.blocks, self.host_blocks = None, None, (), ()
         self.freed.clear()
         self.request_changed.emit(None)
         self.blocks_changed.emit(())
+        self.host_blocks_changed.emit(())
         self.step_changed.emit(None)
 
     def select_step(self, step: int | None) -> None:
@@ -53,9 +56,21 @@ class Selection(QObject):
         self.select(request=min(owners) if owners else None,
                     blocks=() if block is None else (int(block),))
 
+    def select_host_block(self, block: int | None) -> None:
+        """One block of the host tier: no request, no device block selected."""
+        self.select(request=None, blocks=())
+        picked = () if block is None else (int(block),)
+        if picked != self.host_blocks:
+            self.host_blocks = picked
+            self.host_blocks_changed.emit(picked)
+
     def select(self, step=..., request=..., blocks=...) -> None:
         """Change several at once (an event names its step, request and blocks): the request
-        and blocks change first, so the step's panels draw them."""
+        and blocks change first, so the step's panels draw them. A host block picked is
+        dropped."""
+        if (request is not ... or blocks is not ...) and self.host_blocks:
+            self.host_blocks = ()
+            self.host_blocks_changed.emit(())
         if request is not ... and request != self.request:
             self.request = request
             self.request_changed.emit(request)

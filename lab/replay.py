@@ -74,6 +74,7 @@ class WhatIfReplay:
         self.dead_counts: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
         self.explanations: dict[int, MissExplanation] = {}
         self.cached: dict[int, int] = {}  # request -> prompt tokens from the cache (admitted)
+        self.host_cached: dict[int, int] = {}  # of those, the tokens loaded from the host tier
         self.counters: list[CacheCounters] = []  # the manager's, after each step
         self.checkpoint_every = max(1, math.ceil(
             self.num_steps * pool_blocks * BYTES_PER_BLOCK / CHECKPOINT_BYTES))
@@ -148,6 +149,8 @@ class WhatIfReplay:
                                count_stats=count_stats)
             if cached is not None and count_stats:  # the pass (a cursor knows it already)
                 self.cached[i] = cached
+                if mgr.host is not None and mgr.host_tokens(i):
+                    self.host_cached[i] = mgr.host_tokens(i)
         return mgr.events.drain()
 
     def _record(self, mgr: KVCacheManager, i: int) -> StepRecord:

@@ -61,6 +61,7 @@ class RequestTable:
         row.cached_tokens, row.output_tokens, row.text = (o.num_cached_tokens, len(o.token_ids),
                                                           o.text)
         row.ttft_s, row.tpot_s = m.ttft_s, m.tpot_s
+        row.host_cached_tokens = m.host_cached_tokens
         row.state = live_state(life)
         if finished_now:
             self._finished.append(o.request_id)

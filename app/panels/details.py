@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, explain_group
+from kvscope.app.panels.pool_host import HOST_TIP, describe_host_block
 from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.selection import Selection
 
@@ -43,6 +44,7 @@ class DetailsPanel(QWidget):
         super().__init__(parent)
         self.selection = selection or Selection()
         self.selection.blocks_changed.connect(self._describe_block)
+        self.selection.host_blocks_changed.connect(self._describe_host_block)
         self.snapshot = None
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
@@ -118,6 +120,18 @@ class DetailsPanel(QWidget):
             if last >= 0:
                 body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
             self.show_text(f"Block {block}", body)
+
+    def _describe_host_block(self, blocks) -> None:
+        """One block of the host tier picked in the pool: what it holds at this step."""
+        snap = self.snapshot
+        if len(blocks) == 1 and snap is not None and snap.host is not None \
+                and blocks[0] < snap.host.num_blocks:
+            block = blocks[0]
+            body = describe_host_block(snap, block) + "<br>" + HOST_TIP
+            last = int(snap.host.last_use[block])
+            if last >= 0:
+                body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
+            self.show_text(f"Host block {block}", body)
 
     def _on_link(self, url) -> None:
         if url.scheme() == "step":

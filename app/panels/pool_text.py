@@ -6,17 +6,19 @@ from __future__ import annotations
 import numpy as np
 
 from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, group_counts, groups_line
+from kvscope.app.panels.pool_host import device_copy, host_line
 from kvscope.engine.snapshot import CACHED, STATE_NAMES, Snapshot
 
 
 def describe_block(s: Snapshot, block: int, cell: str = "block") -> str:
-    """One line about a block in a snapshot: state, ref count, its KV-cache group (several),
-    owners (in every group's tables), tokens, hash, last use. `cell` names it ("hash slot"
-    when attached to a server)."""
+    """One line about a block in a snapshot: state, ref count, where else its hash is (a host
+    tier), its KV-cache group (several), owners (in every group's tables), tokens, hash, last
+    use. `cell` names it ("hash slot" when attached to a server)."""
     tables = (s.block_tables, *s.more_tables)
     owners = sorted((rid, g) for g, group in enumerate(tables) for rid, t in group.items()
                     if block in t)
-    text = (f"{cell} {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}")
+    text = (f"{cell} {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}"
+            + device_copy(s, block))  # (early: the caption is one line, cut at its width)
     group = block_groups(s)[block] if len(s.groups) > 1 else NO_GROUP
     if group != NO_GROUP:
         text += f" · {s.groups[group].name}"
@@ -65,6 +67,8 @@ def pool_title(s: Snapshot, evicted: int, form: int = 0, group: int | None = Non
     if len(s.groups) > 1:
         title += "<br>" + groups_line([g.name for g in s.groups],
                                       counts or group_counts(s), group, form)
+    if s.host is not None:
+        title += "<br>" + host_line(s.host)
     return title
 
 

@@ -3,7 +3,8 @@
 Selected blocks (the selected request's table, or a clicked block) get an outline drawn by one
 ScatterPlotItem of hollow squares: an outline, never a new fill colour; so do the blocks evicted
 during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart. A model with
-several KV-cache groups gets their marks, a group filter and counts (pool_groups)."""
+several KV-cache groups gets their marks, a group filter and counts (pool_groups). A host
+tier's pool is a second grid below the device's (pool_host)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from kvscope.app.panels.pool_groups import (
     groups_line,
     mark_index,
 )
+from kvscope.app.panels.pool_host import HOST_TIP, HostGrid, describe_host_block, grid_lines
 from kvscope.app.panels.pool_text import TITLE_TIP, describe_block, pool_title
 from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import Snapshot
@@ -45,6 +47,7 @@ class PoolView(QWidget):
         self.selection = selection or Selection()
         self.selection.request_changed.connect(self._on_selection)
         self.selection.blocks_changed.connect(self._on_selection)
+        self.selection.host_blocks_changed.connect(lambda b: self.host_grid.select(b))
         self.plot = pg.PlotWidget(background="w", enableMenu=False)
         self.plot.setAspectLocked(True)
         self.plot.hideAxis("left")
@@ -76,6 +79,7 @@ class PoolView(QWidget):
             pen=pg.mkPen(palette.DEAD_OUTLINE, width=2, style=Qt.DashLine))
         self.dead_outline.setZValue(2)
         self.plot.addItem(self.dead_outline)
+        self.host_grid = HostGrid(self.plot)
         self.dead: np.ndarray = np.zeros(0, dtype=np.int64)
         self.title = QLabel("<b>Block pool</b>")
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -117,11 +121,13 @@ class PoolView(QWidget):
         """What a cell is called and what the shades of cached mean (attached to a server:
         "hash slot", "darker = stored earlier"; physical block ids are not published)."""
         self.cell, self._cached_term = cell, cached
-        self.legend.setText(self._legend_html(cached, self.group_filter.groups))
+        self.legend.setText(self._legend_html(cached, self.group_filter.groups,
+                                              getattr(self.snapshot, "host", None) is not None))
         self._describe_hovered()
 
     @staticmethod
-    def _legend_html(cached: str = "darker = evicted sooner", groups: tuple = ()) -> str:
+    def _legend_html(cached: str = "darker = evicted sooner", groups: tuple = (),
+                     host: bool = False) -> str:
         def sw(color, text, glyph="■"):
             return f'<span style="color:{color}; font-size:large;">{glyph}</span>&nbsp;{text}' \
                    "&nbsp;&nbsp;&nbsp;"
@@ -133,7 +139,9 @@ class PoolView(QWidget):
                         sw(palette.EVICTED_COLOR, "evicted this step", "□"),
                         sw("#000000", "selected", "□"),
                         sw(palette.DEAD_OUTLINE, "dead: cached, unreachable", "⬚"),
-                        *(marks if len(groups) > 1 else [])])
+                        *(marks if len(groups) > 1 else []),
+                        *([sw(palette.ACTIVE_COLOR, "host tier (the lower grid): loading "
+                                                    "back")] if host else [])])
 
     # ----------------------------------------------------------------- render
     def show_frame(self, frame: Frame) -> None:
@@ -145,6 +153,7 @@ class PoolView(QWidget):
     def clear(self) -> None:
         self.snapshot, self.codes = None, np.zeros(0, dtype=np.uint8)
         self.image.clear()
+        self.host_grid.show(None, self.cols, 0, 0)
         self.highlight(None)
         self.show_dead(None)
         self.evicted = np.zeros(0, dtype=np.int64)
@@ -159,10 +168,10 @@ class PoolView(QWidget):
         self.highlight(self.selection.highlighted(self.snapshot))
 
     def set_snapshot(self, snap: Snapshot, evicted: np.ndarray | None = None) -> None:
-        resized = self.snapshot is None or snap.num_blocks != self.snapshot.num_blocks
+        resized = self.snapshot is None or _sizes(snap) != _sizes(self.snapshot)
         self.snapshot, self._evicted = snap, evicted
         cols = self.cols
-        self.cols = grid_columns(snap.num_blocks, self._aspect())
+        self.cols = grid_columns(sum(_sizes(snap)), self._aspect())
         rows = -(-snap.num_blocks // self.cols)
         grid = np.full(rows * self.cols, palette.CODE_PAD, dtype=np.uint8)
         self.codes = palette.display_codes(snap)
@@ -170,8 +179,10 @@ class PoolView(QWidget):
         self.image.setImage(grid.reshape(rows, self.cols), autoLevels=False, levels=(0, 255))
         self.evicted = gone = np.asarray(evicted if evicted is not None else [], dtype=np.int64)
         self.evicted_outline.setData(x=(gone % self.cols) + 0.5, y=(gone // self.cols) + 0.5)
-        if self.group_filter.set_groups(snap.groups):  # another model: all groups again
-            self.legend.setText(self._legend_html(self._cached_term, snap.groups))
+        self._show_host(rows)
+        if self.group_filter.set_groups(snap.groups) or resized:  # another model: all groups
+            self.legend.setText(self._legend_html(self._cached_term, snap.groups,
+                                                  snap.host is not None))
             resized = True  # the title's room and lines change
         self.group_layers.show(snap, self.cols, self.group_filter.chosen)
         if resized:
@@ -185,6 +196,15 @@ class PoolView(QWidget):
             self._draw_outline()  # the same blocks in other cells
         self._draw_gaps()
         self._describe_hovered()  # the block under the mouse, as it is at this step
+
+    def _show_host(self, rows: int) -> None:
+        """The host tier's grid below the device's `rows`, the gap as tall as its label."""
+        host = self.snapshot.host
+        host_rows = 0 if host is None else -(-host.num_blocks // self.cols)
+        size = self.plot.size()
+        cell_px = min(size.width() / self.cols, size.height() / max(1, rows + host_rows + 1))
+        self.host_grid.show(host, self.cols, rows, HostGrid.gap_rows(cell_px))
+
     def _show_title(self) -> None:
         s = self.snapshot
         if s is not None:
@@ -195,6 +215,7 @@ class PoolView(QWidget):
             if tip.startswith(TITLE_TIP):  # (not another source's words: attach's)
                 new = TITLE_TIP if not counts else f"{TITLE_TIP}.\n\n" + groups_line(
                     [g.name for g in s.groups], counts, None, 0)  # whatever the form shows
+                new += "" if s.host is None else f".\n\n{HOST_TIP}"
                 if new != tip:
                     self.title.setToolTip(new)
             if title != self.title.text():
@@ -212,6 +233,10 @@ class PoolView(QWidget):
         widest = s.num_blocks
         probe = dataclasses.replace(s, num_free_blocks=widest, num_active_blocks=widest,
                                     num_cached_blocks=widest, num_shared_blocks=widest)
+        if s.host is not None:
+            n = s.host.num_blocks
+            probe.host = dataclasses.replace(s.host, num_free_blocks=n, num_active_blocks=n,
+                                             num_cached_blocks=n)
         counts = [(widest,) * 3] * len(s.groups)
         bold = QFont(self.title.font())
         bold.setBold(True)
@@ -234,7 +259,8 @@ class PoolView(QWidget):
         """Show the whole pool (double-click or a new pool size brings this back)."""
         if self.snapshot is not None:
             rows = -(-self.snapshot.num_blocks // self.cols)
-            self.plot.setRange(xRange=(0, self.cols), yRange=(0, rows), padding=0.02)
+            bottom = max(rows, self.host_grid.bottom if self.host_grid.rows else 0)
+            self.plot.setRange(xRange=(0, self.cols), yRange=(0, bottom), padding=0.02)
 
     def _aspect(self) -> float:
         size = self.plot.size()
@@ -244,7 +270,8 @@ class PoolView(QWidget):
         super().resizeEvent(event)
         self._fit_title()
         if self.snapshot is not None and self.auto_fit:
-            if grid_columns(self.snapshot.num_blocks, self._aspect()) != self.cols:
+            if (grid_columns(sum(_sizes(self.snapshot)), self._aspect()) != self.cols
+                    or self.snapshot.host is not None):  # (the gap's rows change too)
                 self.set_snapshot(self.snapshot, self._evicted)
             self.fit()
 
@@ -254,17 +281,18 @@ class PoolView(QWidget):
         (x0, x1), _ = vb.viewRange()
         rows = 0 if self.snapshot is None else -(-self.snapshot.num_blocks // self.cols)
         show = rows > 0 and vb.width() / max(1e-9, x1 - x0) >= GAP_MIN_PX
-        key = (self.cols, rows) if show else None
+        host = self.host_grid
+        key = (self.cols, rows, host.top, host.rows) if show else None
         if key == self._gaps_key:
             return
         self._gaps_key = key
         if not show:
             self.gaps.setData([], [])
             return
-        cols = np.arange(self.cols + 1, dtype=np.float64)
-        rws = np.arange(rows + 1, dtype=np.float64)
-        x = np.concatenate([np.repeat(cols, 2), np.tile([0.0, self.cols], rows + 1)])
-        y = np.concatenate([np.tile([0.0, rows], self.cols + 1), np.repeat(rws, 2)])
+        x, y = grid_lines(self.cols, rows)
+        if host.rows:
+            hx, hy = grid_lines(self.cols, host.rows, host.top)
+            x, y = np.concatenate([x, hx]), np.concatenate([y, hy])
         self.gaps.setData(x, y)
 
     def _on_group_chosen(self, group: int | None) -> None:
@@ -304,6 +332,11 @@ class PoolView(QWidget):
             return block
         return None
 
+    def host_block_at(self, scene_pos) -> int | None:
+        """The host tier's block under a point of the scene (None: not a host cell)."""
+        p = self.plot.plotItem.vb.mapSceneToView(scene_pos)
+        return self.host_grid.block_at(p.x(), p.y())
+
     def _hint(self) -> str:
         return f"hover a {self.cell} for details"
 
@@ -317,8 +350,12 @@ class PoolView(QWidget):
     def _describe_hovered(self) -> None:
         """The caption: the block under the mouse in the snapshot shown (a new step or source
         says it anew), else the hint."""
-        block = None if self._mouse is None else self.block_at(self._mouse)
-        text = self._hint() if block is None else self.describe(block)
+        block = host = None
+        if self._mouse is not None:
+            block = self.block_at(self._mouse)
+            host = None if block is not None else self.host_block_at(self._mouse)
+        text = (self.describe(block) if block is not None else
+                describe_host_block(self.snapshot, host) if host is not None else self._hint())
         if text != self.hover_label.text():
             self.hover_label.setText(text)
 
@@ -337,3 +374,10 @@ class PoolView(QWidget):
         if block is not None:
             self.block_clicked.emit(block)
             self.selection.select_block(block, self.snapshot)
+        elif (host := self.host_block_at(event.scenePos())) is not None:
+            self.selection.select_host_block(host)
+
+
+def _sizes(s: Snapshot) -> tuple[int, int]:
+    """(device blocks, host blocks)."""
+    return s.num_blocks, 0 if s.host is None else s.host.num_blocks

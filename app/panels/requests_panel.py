@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QRect, Qt, Signal
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QBrush, QColor, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -45,8 +45,9 @@ COLUMNS = [
               "stop), cancelled, rejected, failed; hover a row for the full reason"),
     ("prompt", "Prompt tokens"),
     ("cached", "Prompt tokens served from the prefix cache when first admitted, on a bar of the "
-               "prompt: reused from the cache (green) against computed for it (blue); a thin "
-               "line: waiting, not looked up yet. Hover a bar for the numbers"),
+               "prompt: reused from the cache (green; hatched: loaded back from the host tier) "
+               "against computed for it (blue); a thin line: waiting, not looked up yet. Hover "
+               "a bar for the numbers"),
     ("output", "Output tokens generated so far"),
     ("TTFT ms", "Time to first token: from arrival to the first output token"),
     ("TPOT ms", "Time per output token after the first: (last - first) / (n - 1)"),
@@ -55,6 +56,7 @@ COLUMNS = [
 BAR = 3  # "cached": the number on a reused | computed bar (no column of its own: at 1280 px
 #          the table must fit its width, or a scroll bar takes a row's height)
 REUSED_COLOR, COMPUTED_COLOR = CACHED_BG, COMPUTED_BG  # the text view's shades
+HOST_HATCH = palette.CACHED_COLOR  # over REUSED_COLOR: the reused tokens loaded from the host
 
 
 DISPLAY, ALIGNMENT, FOREGROUND, TOOLTIP = (int(r) for r in (
@@ -122,8 +124,13 @@ def reuse_text(r: RequestRow) -> str:
                 "the cache (waiting, rejected or cancelled first)")
     n, c = r.prompt_tokens, min(r.cached_tokens, r.prompt_tokens)
     share = f" ({c / n:.0%})" if n else ""
-    return (f"#{r.request_id}: {c:,} of {n:,} prompt tokens reused from the prefix cache{share}, "
-            f"{n - c:,} computed")
+    text = (f"#{r.request_id}: {c:,} of {n:,} prompt tokens reused from the prefix cache"
+            f"{share}, {n - c:,} computed")
+    if r.host_cached_tokens:
+        host = min(r.host_cached_tokens, c)
+        text += (f": {c - host:,} tokens from the device, {host:,} loaded back from the host "
+                 "tier")
+    return text
 
 
 class ReuseBar(QStyledItemDelegate):
@@ -152,6 +159,11 @@ class ReuseBar(QStyledItemDelegate):
                                / row.prompt_tokens)
                 painter.fillRect(QRect(r.left(), r.top(), cached, r.height()),
                                  QColor(REUSED_COLOR))
+                if row.host_cached_tokens:  # the tail of the hit: hatched
+                    host = min(cached, round(r.width() * row.host_cached_tokens
+                                             / row.prompt_tokens))
+                    painter.fillRect(QRect(r.left() + cached - host, r.top(), host, r.height()),
+                                     QBrush(QColor(HOST_HATCH), Qt.BDiagPattern))
                 painter.fillRect(QRect(r.left() + cached, r.top(), r.width() - cached,
                                        r.height()), QColor(COMPUTED_COLOR))
                 painter.setPen(QColor("#000000"))  # dark on the light bar, selected or not

@@ -70,7 +70,8 @@ class LabSource(FrameSource):
             r = self.trace.requests[i]
             state = "prefill" if i == step and i in cached else (
                 "finished: length" if i in cached else "finished: rejected")
-            rows.append(RequestRow.new(i, state, r.input_length, cached_tokens=cached.get(i, 0)))
+            rows.append(RequestRow.new(i, state, r.input_length, cached_tokens=cached.get(i, 0),
+                                       host_cached_tokens=self.replay.host_cached.get(i, 0)))
         return rows
 
     def explain(self, request_id: int, step: int | None) -> MissExplanation | None:
@@ -80,7 +81,8 @@ class LabSource(FrameSource):
     def settings(self) -> dict:
         return {"model": f"lab: {Path(self.trace.name).name}", "num_blocks": self.pool_blocks,
                 "block_size": self.block_size, "kv_cache_dtype": None,
-                "enable_prefix_caching": True, "policy": self.policy}
+                "enable_prefix_caching": True, "policy": self.policy,
+                "host_blocks": self.replay.host_blocks}
 
 
 class LabOpening(QObject):

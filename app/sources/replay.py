@@ -23,6 +23,11 @@ class ReplaySource(FrameSource):
         self._lifecycle: list[tuple[int, ev.Event]] = []
         self._read_to = (reader.first_step or 0) - 1
         self._requests = {}
+        # a host tier's loads: request -> (step, blocks loaded in it); and the tokens each
+        # request loaded from the host at its first admission (its cached tokens' host part)
+        self._loads: dict[int, tuple[int, int]] = {}
+        self._host_tokens: dict[int, int] = {}
+        self._host_blocks: int | None = None
         self._unsent = True
         self._catch_up()
 
@@ -45,10 +50,26 @@ class ReplaySource(FrameSource):
         last = self.reader.last_step
         if last is None or last <= self._read_to:
             return
-        self._lifecycle += [(step, e) for step, e in self.reader.events_published(
-            self._read_to + 1, last, LIFECYCLE_KINDS) if e.request_id is not None]
+        read = [(step, e) for step, e in self.reader.events_published(
+            self._read_to + 1, last, LIFECYCLE_KINDS | {ev.LOADED}) if e.request_id is not None]
+        self._fold_loads(e for _, e in read)
+        self._lifecycle += [(step, e) for step, e in read if e.kind != ev.LOADED]
         self._requests = {r.request_id: r for r in self.reader.requests()}
         self._read_to = last
+
+    def _fold_loads(self, events) -> None:
+        """A request's cached tokens loaded from the host tier: the blocks its LOADED events
+        copied back in the step of its first ADMITTED (both come from the same admission), as
+        the engine counts RequestMetrics.host_cached_tokens."""
+        loads, host, bs = self._loads, self._host_tokens, self.reader.meta.block_size
+        for e in events:
+            rid = e.request_id
+            if e.kind == ev.LOADED:
+                st, n = loads.get(rid, (e.step, 0))
+                loads[rid] = (e.step, (n if st == e.step else 0) + len(e.blocks) // 2)
+            elif e.kind == ev.ADMITTED and rid not in host:
+                st, n = loads.get(rid, (None, 0))
+                host[rid] = n * bs if st == e.step else 0
 
     def take_frame(self) -> Frame | None:
         """Once: every step record and event, for the timeline and the event log."""
@@ -96,13 +117,13 @@ class ReplaySource(FrameSource):
                 outputs = r.output_tokens or 0
             # A request's row is written when it finishes: before, its admission says (a forked
             # sample's, its parent's: it is never admitted, it shares its parent's prompt).
-            cached = r.cached_tokens
-            if cached is None:
-                parent = lifecycles.get(r.parent_id) if r.parent_id is not None else None
-                cached = (parent if parent is not None and not life.admitted
-                          else life).cached_tokens
+            parent = lifecycles.get(r.parent_id) if r.parent_id is not None else None
+            looked_up = parent if parent is not None and not life.admitted else life
+            cached = looked_up.cached_tokens if r.cached_tokens is None else r.cached_tokens
+            host = self._host_tokens.get(looked_up.request_id, 0)
             rows.append(RequestRow.new(
                 rid, state, r.prompt_tokens, cached_tokens=0 if life.just_arrived else cached,
+                host_cached_tokens=0 if life.just_arrived else host,
                 output_tokens=outputs, ttft_s=r.ttft_s if outputs else None,
                 tpot_s=r.tpot_s if life.finished else None, cache_salt=r.salt_digest,
                 parent_id=r.parent_id, text=r.output_text or ""))
@@ -117,7 +138,15 @@ class ReplaySource(FrameSource):
         return {"model": meta.model_name or "?", "num_blocks": meta.num_blocks,
                 "block_size": meta.block_size, "kv_cache_dtype": cfg.get("kv_cache_dtype"),
                 "enable_prefix_caching": cfg.get("enable_prefix_caching"),
-                "policy": cfg.get("eviction_policy")}
+                "policy": cfg.get("eviction_policy"), "host_blocks": self.host_blocks()}
+
+    def host_blocks(self) -> int:
+        """The host tier's blocks (0: none), as the first step's snapshot holds it (a tier
+        sized in bytes has no host_blocks in its config)."""
+        if self._host_blocks is None:
+            host = self.reader.snapshot_at(self.reader.first_step).host
+            self._host_blocks = 0 if host is None else host.num_blocks
+        return self._host_blocks
 
     def close(self) -> None:
         self.reader.close()

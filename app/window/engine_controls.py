@@ -57,7 +57,8 @@ class EngineControls:
         w = self.w
         return EngineConfig(block_size=w.block_size_box.value(), num_blocks=w.blocks_box.value(),
                             kv_cache_dtype=w.kv_box.currentText(),
-                            enable_prefix_caching=w.prefix_box.isChecked())
+                            enable_prefix_caching=w.prefix_box.isChecked(),
+                            host_blocks=w.host_blocks_box.value())
 
     # ------------------------------------------------------------------ load
     def load_model(self, name: str) -> None:

@@ -1,15 +1,25 @@
 """The toolbar, the menus and the window's keyboard actions. They are the window's attributes
 (tests and the CLI reach them there): model_box, pace_box, prefix_box, kv_box, blocks_box,
-block_size_box, policy_label, and act_open_model, act_demo, act_workload, act_pause, act_step,
-act_filter, act_back, act_first, act_follow, act_record, act_open_session, act_export,
-act_apply, act_attach, act_detach, act_reset_layout; view_menu. `EngineSettings` shows, in the
-toolbar, the settings of the source shown (the session's, read-only, in replay)."""
+block_size_box, host_blocks_box (in the Engine menu: the toolbar is full at 1280 px),
+policy_label, and act_open_model, act_demo, act_workload, act_pause, act_step, act_filter,
+act_back, act_first, act_follow, act_record, act_open_session, act_export, act_apply,
+act_attach, act_detach, act_reset_layout; view_menu, engine_menu. `EngineSettings` shows, in
+the toolbar, the settings of the source shown (the session's, read-only, in replay)."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QSpinBox, QToolTip
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QSpinBox,
+    QToolTip,
+    QWidget,
+    QWidgetAction,
+)
 
 from kvscope.app.sources.base import FrameSource
 from kvscope.app.window.engine_controls import DEMO_PACE
@@ -150,6 +160,32 @@ def build_menus(w) -> None:
     w.view_menu.addMenu(w.timeline.plots_menu)  # the plots' right-click menu has it too
     w.timeline.use_settings(w.settings)
     w.act_reset_layout = w.view_menu.addAction("Reset layout", w.docking.reset)
+    build_engine_menu(w)
+
+
+HOST_TIP = ("A host tier behind the pool: this many blocks in host memory (0: none). A cached "
+            "block evicted from the pool is copied there; a prompt that misses on the device "
+            "and hits there is loaded back. Applied with Apply (reload), as the pool's size")
+
+
+def build_engine_menu(w) -> None:
+    """The engine's settings that the toolbar has no room for: the host tier's size, applied
+    with Apply (reload) like the pool's."""
+    w.engine_menu = w.menuBar().addMenu("&Engine")
+    w.host_blocks_box = QSpinBox(minimum=0, maximum=1 << 22, value=0, suffix=" blocks")
+    w.host_blocks_box.setSpecialValueText("none")
+    w.host_blocks_box.setToolTip(HOST_TIP)
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(8, 2, 8, 2)
+    layout.addWidget(QLabel("Host tier"))
+    layout.addWidget(w.host_blocks_box)
+    row.setToolTip(HOST_TIP)
+    host = QWidgetAction(w)
+    host.setDefaultWidget(row)
+    w.engine_menu.addAction(host)
+    w.engine_menu.addSeparator()
+    w.engine_menu.addAction(w.act_apply)
 
 
 class EngineSettings:
@@ -160,7 +196,7 @@ class EngineSettings:
     def __init__(self, w):
         self.w = w
         self.widgets = (w.model_box, w.act_open_model, w.prefix_box, w.kv_box, w.blocks_box,
-                        w.block_size_box, w.act_apply)
+                        w.block_size_box, w.host_blocks_box, w.act_apply)
         self._tips = {x: x.toolTip() for x in self.widgets}
         self._live: tuple | None = None  # the user's, kept while replaying
 
@@ -172,11 +208,11 @@ class EngineSettings:
         elif not source.live:
             self._live = self._live or (
                 w.model_box.currentText(), w.prefix_box.isChecked(), w.kv_box.currentText(),
-                w.blocks_box.value(), w.block_size_box.value())
+                w.blocks_box.value(), w.block_size_box.value(), w.host_blocks_box.value())
             cfg = source.settings()
             self._set(str(cfg["model"]), cfg.get("enable_prefix_caching") is not False,
                       str(cfg.get("kv_cache_dtype") or "auto"), cfg["num_blocks"],
-                      cfg["block_size"])
+                      cfg["block_size"], cfg.get("host_blocks") or 0)
         policy = None if source.live else source.settings().get("policy")
         w.policy_label.setText(f" policy {policy} ")
         w.policy_shown.setVisible(policy is not None)
@@ -187,8 +223,10 @@ class EngineSettings:
                 widget.setToolTip(self._tips[widget] if source.live else
                                   "The session's settings (read-only while replaying)")
 
-    def _set(self, model: str, prefix: bool, kv: str, blocks: int, size: int) -> None:
+    def _set(self, model: str, prefix: bool, kv: str, blocks: int, size: int,
+             host: int) -> None:
         w = self.w
+        w.host_blocks_box.setValue(host)
         w.model_box.show_model(model)
         w.prefix_box.setChecked(prefix)
         w.kv_box.setCurrentText(kv)
