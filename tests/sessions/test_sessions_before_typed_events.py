@@ -25,7 +25,19 @@ def _copy(tmp_path) -> Path:
 
 
 def _json(value):
-    return json.loads(json.dumps(value, sort_keys=True))
+    return _as_then(json.loads(json.dumps(value, sort_keys=True)))
+
+
+def _as_then(value):
+    """Rows as the code of then wrote them: without the fields added since, which must hold
+    their defaults here (host_cached_tokens: no host tier)."""
+    if isinstance(value, dict) and "host_cached_tokens" in value:
+        assert value.pop("host_cached_tokens") == 0
+    if isinstance(value, dict):
+        return {k: _as_then(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_then(v) for v in value]
+    return value
 
 
 def test_an_old_session_replays_its_rows_cached_tokens_and_finish_reasons_exactly(tmp_path):
