@@ -126,6 +126,17 @@ class BlockPool:
         return (np.array(self.held_by_group(num_groups)),
                 np.bincount(group[cached], minlength=num_groups))
 
+    def prefix_hit(self, keys) -> list[int]:
+        """The blocks holding `keys` (a prompt's chain, in order) from the first, up to a miss:
+        a lookup of a chain that needs every block before the point (full attention)."""
+        h2b, hit = self.hash_to_block, []
+        for k in keys:
+            b = h2b.get(k)
+            if b is None:
+                break
+            hit.append(b)
+        return hit
+
     def eviction_order(self) -> list[int]:
         """Every block with ref count 0, in the order they would be reused (a copy)."""
         return [*self._free, *self._cached.order()]

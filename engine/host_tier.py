@@ -3,10 +3,11 @@
 As the offloading tiers of serving engines (vLLM's CPU offloading connector, LMCache, SGLang's
 HiCache), by this rule: when a cached device block is evicted, its KV is copied to a host block
 under the same hash (an offload: a copy, the hash is then resident on the host); a prefix lookup
-that stops on the device goes on in the host tier, and the blocks found there are loaded back
-into fresh device blocks (registered on the device under their hash) before the request's
-forward pass. The host pool is a `BlockPool` with its own eviction policy: its evictions drop a
-hash for good. The chained hashes are the device's, identity (model, adapter, salt) included.
+that stops on the device goes on in the host tier (its pool's `prefix_hit`), and the blocks
+found there are loaded back into fresh device blocks (registered on the device under their
+hash) before the request's forward pass. The host pool is a `BlockPool` with its own eviction
+policy: its evictions drop a hash for good. The chained hashes are the device's, identity
+(model, adapter, salt) included.
 
 The copies are made by the model runner before the step's forward pass, in this order: this
 step's offloads (they read device blocks before anything overwrites them), then its loads. A
@@ -63,8 +64,7 @@ class HostTier:
             if k[1] not in seen:
                 seen.add(k[1])
                 last.append(k)
-        keys = last[::-1]
-        keys = keys[len(keys) - min(len(keys), host.num_available):]
+        keys = last[::-1][max(0, len(last) - host.num_available):]
         if not keys:
             return
         got, evicted = host.allocate(len(keys), step)
@@ -80,16 +80,6 @@ class HostTier:
             self.log.emit(ev.OFFLOADED, step, request_id, (*sources, *got),
                           hashes=(*(short_hash(h) for _, h, _ in keys),
                                   *(short_hash(p) for _, _, p in keys)))
-
-    def hit(self, hashes: list[bytes]) -> list[int]:
-        """The host blocks holding `hashes` from the first, up to a miss."""
-        h2b, out = self.pool.hash_to_block, []
-        for h in hashes:
-            b = h2b.get(h)
-            if b is None:
-                break
-            out.append(b)
-        return out
 
     def hold(self, step: int, host_blocks: list[int]) -> None:
         """Hold host blocks about to be loaded until the next step (before the device blocks

@@ -148,7 +148,7 @@ class KVCacheManager:
         """The host blocks that go on where the device's hit stops (none without a tier)."""
         if self.host is None:
             return []
-        return self.host.hit(hashes[num_hit: (num_tokens - 1) // self.block_size])
+        return self.host.pool.prefix_hit(hashes[num_hit: (num_tokens - 1) // self.block_size])
 
     def _load(self, request_id: int, loaded: list[int], table: list[int], root: bytes,
               hashes: list[bytes], num_hit: int) -> None:
@@ -431,13 +431,7 @@ class KVCacheManager:
 
     def _prefix_hit(self, hashes: list[bytes], g: int) -> list[int]:
         """A full-attention group's hit: its cached blocks from the first, up to a miss."""
-        h2b, hit = self.pool.hash_to_block, []
-        for h in hashes:
-            b = h2b.get(group_key(h, g) if g else h)
-            if b is None:
-                break
-            hit.append(b)
-        return hit
+        return self.pool.prefix_hit(hashes if not g else (group_key(h, g) for h in hashes))
 
     def _window_hit(self, g: int, hashes: list[bytes], n: int) -> list[int]:
         """As vLLM's SlidingWindowManager.find_longest_cache_hit within the first n blocks: from
