@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
                    "local Hugging Face cache (default: demo)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds; for tests)")
+    p.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="kv-formats: measure on this workload (.jsonl) or session recorded with "
+                   "its text (.kvscope) instead of the built-in passages")
     p.add_argument("--csv", type=Path, default=None, metavar="OUT.csv")
     p.add_argument("--png", type=Path, default=None, metavar="OUT.png")
     p.add_argument("--session", type=Path, default=None, metavar="FILE.kvscope",
@@ -56,6 +59,11 @@ def _experiment(args: argparse.Namespace) -> int:
     for out in (args.csv, args.png):
         if out is not None and not out.parent.is_dir():
             raise ValueError(f"{out}: folder {out.parent} does not exist")
+    if args.prompts is not None:
+        if args.name != "kv-formats":
+            raise ValueError("--prompts applies to kv-formats only")
+        if not args.prompts.is_file():
+            raise ValueError(f"{args.prompts}: no such file")
     if args.session is not None:
         from kvscope.sessions import SessionReader
 
@@ -65,7 +73,8 @@ def _experiment(args: argparse.Namespace) -> int:
 
     set_engine_threads()
     print(f"{args.name}: {EXPERIMENTS[args.name].claim}", flush=True)
-    result = run(args.name, args.model, Control(progress=_progress), args.quick, args.device)
+    result = run(args.name, args.model, Control(progress=_progress), args.quick, args.device,
+                 args.prompts)
     print(result.table())
     try:
         _save(args, result)

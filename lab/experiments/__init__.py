@@ -12,6 +12,7 @@ from kvscope.lab.experiments import (
     block_size,
     capacity,
     fp8,
+    kv_formats,
     lengths,
     naive,
     offload,
@@ -38,19 +39,20 @@ EXPERIMENTS = {e.name: e for e in (
     Experiment(warmup.NAME, warmup.CLAIM, warmup.measure),
     Experiment(capacity.NAME, capacity.CLAIM, capacity.measure),
     Experiment(fp8.NAME, fp8.CLAIM, fp8.measure),
+    Experiment(kv_formats.NAME, kv_formats.CLAIM, kv_formats.measure),
     Experiment(block_size.NAME, block_size.CLAIM, block_size.measure),
     Experiment(offload.NAME, offload.CLAIM, offload.measure),
 )}
 
 
 def run(name: str, model: str = "demo", control: Control | None = None, quick: bool = False,
-        device: str = "cpu") -> Result:
+        device: str = "cpu", prompts: str | None = None) -> Result:
     """Measure one experiment. Unknown name: ValueError; model errors: the loader's
     ModelLoadError; a cancel: Cancelled."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; one of: {', '.join(EXPERIMENTS)}")
     from kvscope.lab.experiments.bench import Bench
 
-    result = EXPERIMENTS[name].measure(Bench(model, control, device), quick)
+    result = EXPERIMENTS[name].measure(Bench(model, control, device, prompts), quick)
     result.model = model
     return result

@@ -16,10 +16,13 @@ FIRST_TOKEN = 3  # below: special tokens in most vocabularies (bos, eos, pad)
 
 
 class Bench:
-    def __init__(self, model: str = "demo", control: Control | None = None, device: str = "cpu"):
+    def __init__(self, model: str = "demo", control: Control | None = None, device: str = "cpu",
+                 prompts: str | None = None):
+        """`prompts`: a workload file or a session with its text, for the experiments that
+        measure on a prompt set (`prompt_set`); None: the built-in passages."""
         from kvscope.engine.models.load import load_model
 
-        self.model, self.device = model, device
+        self.model, self.device, self.prompts = model, device, prompts
         self.control = control or Control()
         self.loaded = load_model(model, device=device)
         self.done, self.total = 0, 1
@@ -65,22 +68,43 @@ class Bench:
         self.done += 1
         self.control.tick(self.done, self.total)
 
-    def forced_logits(self, kv_cache_dtype: str, prompt: list[int], tokens: list[int],
-                      block_size: int = 16) -> list:
-        """Logits (float32 tensors) after the prompt and after each of `tokens[:-1]` fed in turn
-        (teacher forcing), on a model runner of its own with this KV cache dtype: the engine
-        hands back tokens, not logits."""
+    def prompt_set(self, count: int, max_tokens: int) -> list[list[int]]:
+        from kvscope.lab.experiments.prompt_set import prompt_ids
+
+        return prompt_ids(self.loaded.tokenizer, self.prompts, count, max_tokens)
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str) -> int:
+        """What the engine's cache stores per token in this format (scales included)."""
+        from kvscope.engine.model_runner import ModelRunner
+
+        return ModelRunner(self.loaded, 1, 16, kv_cache_dtype, self.device).kv_bytes_per_token
+
+    def forced_logits(self, kv_cache_dtype: str, prompts: list[list[int]],
+                      continuations: list[list[int]], block_size: int = 16) -> list:
+        """Per prompt, float32 logits [len(continuation), vocab]: after the prompt and after each
+        of its continuation's tokens but the last, fed in turn (teacher forcing), every prompt
+        in one batch, on a model runner of its own with this KV cache format (the engine hands
+        back tokens, not logits)."""
+        import torch
+
         from kvscope.engine.model_runner import ModelRunner, SeqChunk
 
-        blocks = -(-(len(prompt) + len(tokens)) // block_size)
-        runner = ModelRunner(self.loaded, blocks, block_size, kv_cache_dtype, self.device)
-        out, done = [], 0
-        for new in [list(prompt), *([t] for t in tokens[:-1])]:
-            end = done + len(new)
-            table = list(range(-(-end // block_size)))
-            out.append(runner.run([SeqChunk(new, done, table)])[0])
-            done = end
-        return out
+        tables, start = [], 0
+        for p, c in zip(prompts, continuations, strict=True):
+            n = -(-(len(p) + len(c)) // block_size)
+            tables.append(list(range(start, start + n)))
+            start += n
+        runner = ModelRunner(self.loaded, start, block_size, kv_cache_dtype, self.device)
+        rows: list[list] = [[] for _ in prompts]
+        feeds, done = [list(p) for p in prompts], [0] * len(prompts)
+        for t in range(max(map(len, continuations))):
+            live = [i for i, c in enumerate(continuations) if t < len(c)]
+            logits = runner.run([SeqChunk(feeds[i], done[i], tables[i]) for i in live])
+            for row, i in zip(logits, live, strict=True):
+                rows[i].append(row)
+                done[i] += len(feeds[i])
+                feeds[i] = [continuations[i][t]]
+        return [torch.stack(r) for r in rows]
 
     def one(self, engine, prompt: list[int], max_tokens: int) -> RequestOutput:
         return self.run(engine, [prompt], max_tokens)[0][0]

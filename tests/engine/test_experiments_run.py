@@ -68,13 +68,31 @@ def test_fp8_halves_bytes_and_reports_agreement(bench):
 
 
 def test_forced_logits_reproduce_the_engines_greedy_tokens(bench):
+    # two prompts of different lengths and continuations batched: each row is its own
     from kvscope.engine import SamplingParams
 
-    prompt = bench.prompt(20, seed=5)
+    prompts = [bench.prompt(20, seed=5), bench.prompt(37, seed=6)]
     engine = bench.engine(kv_cache_dtype="bfloat16")
-    (out,) = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True))
-    logits = bench.forced_logits("bfloat16", prompt, out.token_ids)
-    assert [int(x.argmax()) for x in logits] == out.token_ids
+    outs = [engine.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0]
+            for p, n in zip(prompts, (6, 3), strict=True)]
+    logits = bench.forced_logits("bfloat16", prompts, [o.token_ids for o in outs])
+    assert [len(x) for x in logits] == [6, 3]
+    for x, out in zip(logits, outs, strict=True):
+        assert x.argmax(-1).tolist() == out.token_ids
+
+
+def test_kv_formats_the_32_bit_row_is_exact_and_fewer_bits_diverge_more(bench):
+    r = measure(bench, "kv-formats")
+    rows = {row[0]: dict(zip(r.columns, row, strict=True)) for row in r.rows}
+    ref, half, fp8 = rows["float32"], rows["bfloat16"], rows["fp8"]
+    assert ref["KLD mean"] == 0 and ref["KLD p99.9"] == 0 and ref["top-1 %"] == 100
+    assert ref["first divergence"] == "-"
+    assert 0 < half["KLD mean"] < fp8["KLD mean"]
+    assert half["KLD mean"] <= half["KLD p99.9"]
+    assert (ref["bytes/token"], half["bytes/token"], fp8["bytes/token"]) == (4096, 2048, 1024)
+    assert (half["capacity x"], fp8["capacity x"]) == (1, 2)
+    assert fp8["tokens/GiB"] == 2**30 // 1024
+    assert "fp8: KLD" in r.verdict and "float32, the check: KLD 0," in r.verdict
 
 
 def test_block_size_hits_are_whole_blocks(bench):
