@@ -30,6 +30,9 @@ from kvscope.app.plots.experiment import draw_result
 from kvscope.lab.experiments import EXPERIMENTS, Result
 from kvscope.lab.experiments.result import cell
 
+PROMPTED = ("kv-formats",)  # the experiments measured on a prompt set (the Prompts box)
+BUILTIN_PROMPTS = "Built-in passages"
+
 
 class ExperimentsPanel(QWidget, FrameIndependent):
     finished = Signal(object)  # a Result, once a run completes
@@ -45,6 +48,12 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         self.choice.addItems(list(EXPERIMENTS))
         self.choice.currentTextChanged.connect(self._show_claim)
         self.setFocusProxy(self.choice)  # opened, the keys pick an experiment
+        self.prompts = QComboBox()  # kv-formats: the built-in passages, or a file's prompts
+        self.prompts.addItem(BUILTIN_PROMPTS, None)
+        self.prompts.addItem("Workload or session file…", "")
+        self.prompts.setToolTip("What kv-formats measures on: the built-in passages, a workload "
+                                "(.jsonl) or a session recorded with its text (.kvscope)")
+        self.prompts.activated.connect(self._prompts_picked)
         self.run_button = QPushButton("Run")
         self.run_button.clicked.connect(self.start)
         self.cancel_button = QPushButton("Cancel")
@@ -64,7 +73,7 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         self.csv_button = QPushButton("Export CSV…")
         self.csv_button.clicked.connect(lambda: self._export("CSV (*.csv)", self.save_csv))
         top = QHBoxLayout()
-        for w in (self.choice, self.run_button, self.cancel_button, self.progress):
+        for w in (self.choice, self.prompts, self.run_button, self.cancel_button, self.progress):
             top.addWidget(w)
         exports = QHBoxLayout()
         exports.addStretch(1)
@@ -89,6 +98,8 @@ class ExperimentsPanel(QWidget, FrameIndependent):
         proc.readyReadStandardOutput.connect(self._read)
         proc.finished.connect(self._ended)
         args = ["-m", "kvscope.app.workers.experiment", name, "--model", self.model]
+        if name in PROMPTED and self.prompts.currentData():
+            args += ["--prompts", self.prompts.currentData()]
         proc.start(sys.executable, args + (["--quick"] if self.quick else []))
         self.error = ""
         self.progress.setValue(0)
@@ -127,6 +138,7 @@ class ExperimentsPanel(QWidget, FrameIndependent):
     def _running(self, running: bool) -> None:
         self.run_button.setEnabled(not running)
         self.choice.setEnabled(not running)
+        self.prompts.setEnabled(not running)
         self.cancel_button.setEnabled(running)
         if running:
             self.result = None
@@ -135,6 +147,25 @@ class ExperimentsPanel(QWidget, FrameIndependent):
     # ---------------------------------------------------------------- show
     def _show_claim(self, name: str) -> None:
         self.claim.setText(f"Claim: {EXPERIMENTS[name].claim}")
+        self.prompts.setVisible(name in PROMPTED)
+
+    def _prompts_picked(self, index: int) -> None:
+        if self.prompts.itemData(index) == "":
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Prompts", "", "Workloads and sessions (*.jsonl *.kvscope);;All files (*)")
+            if path:
+                self.use_prompts(Path(path))
+            else:
+                self.prompts.setCurrentIndex(0)
+
+    def use_prompts(self, path: Path) -> None:
+        """Measure kv-formats on this file's prompts (an entry of the Prompts box, picked)."""
+        index = self.prompts.findData(str(path))
+        if index < 0:
+            index = self.prompts.count()
+            self.prompts.addItem(path.name, str(path))
+            self.prompts.setItemData(index, str(path), Qt.ToolTipRole)
+        self.prompts.setCurrentIndex(index)
 
     def show_result(self, result: Result) -> None:
         self.result = result

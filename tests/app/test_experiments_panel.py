@@ -102,3 +102,36 @@ def test_the_panel_process_never_imports_torch():
                          text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "False"]
+
+
+def test_kv_formats_runs_on_the_prompts_file_picked(qtbot, tmp_path):
+    from PySide6.QtCore import Qt
+
+    panel = ExperimentsPanel()
+    qtbot.addWidget(panel)
+    panel.quick = True
+    panel.show()
+    assert not panel.prompts.isVisible()  # block-size, first in the list, has no prompt set
+    panel.choice.setFocus()
+    qtbot.keyClicks(panel.choice, "kv")
+    assert panel.choice.currentText() == "kv-formats" and panel.prompts.isVisible()
+    assert panel.prompts.currentText() == "Built-in passages"
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"prompt_ids": [5]}\n')
+    panel.use_prompts(short)
+    assert panel.prompts.currentText() == "short.jsonl"
+    qtbot.mouseClick(panel.run_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: panel.process is None, timeout=RUN_TIMEOUT_MS)
+    assert panel.verdict.text() == f"{short}: no prompt of 2 tokens or more"
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "The river rose through the night and the fields"}\n')
+    panel.use_prompts(good)
+    with qtbot.waitSignal(panel.finished, timeout=RUN_TIMEOUT_MS) as done:
+        qtbot.mouseClick(panel.run_button, Qt.LeftButton)
+        assert not panel.prompts.isEnabled()
+    result = done.args[0]
+    assert result.name == "kv-formats"
+    rows = [panel.table.item(i, 0).text() for i in range(panel.table.rowCount())]
+    assert rows[:3] == ["float32", "bfloat16", "fp8"]
+    assert panel.table.item(0, result.columns.index("KLD mean")).text() == "0"
+    assert panel.verdict.text().startswith("Verdict (demo): bfloat16: KLD ")
