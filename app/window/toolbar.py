@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.sources.base import FrameSource
 from kvscope.app.window.engine_controls import DEMO_PACE
-from kvscope.engine.config import DEFAULT_CPU_BLOCKS
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, KV_CACHE_DTYPES
 
 
 def _action(w, text: str, shortcut: str, slot) -> QAction:
@@ -121,7 +121,7 @@ def build_toolbar(w) -> None:
     w.prefix_box = QCheckBox("prefix cache")
     w.prefix_box.setChecked(True)
     w.kv_box = QComboBox()
-    w.kv_box.addItems(["auto", "float16", "bfloat16", "float32", "fp8"])
+    w.kv_box.addItems(list(KV_CACHE_DTYPES))
     w.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=DEFAULT_CPU_BLOCKS)
     w.block_size_box = QSpinBox(minimum=1, maximum=256, value=16)
     w.blocks_box.setToolTip("Physical blocks in the KV pool")
