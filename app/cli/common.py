@@ -16,12 +16,11 @@ from pathlib import Path
 
 from kvscope.app.host.server import cpu_cores, set_engine_threads
 from kvscope.engine import policies
-from kvscope.engine.config import DEFAULT_CPU_BLOCKS
+from kvscope.engine.config import DEFAULT_CPU_BLOCKS, KV_CACHE_DTYPES
 from kvscope.lab.workload_run import WorkloadRunner
 
 DEFAULT_MODEL = "demo"
 DEFAULT_WORKLOAD = "shared_system_prompt"
-KV_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
 
 
 class CliError(Exception):
@@ -60,8 +59,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"KV pool size in blocks (default: {DEFAULT_CPU_BLOCKS} on the CPU, as "
                    "in the window; a share of free memory on CUDA)")
     g.add_argument("--block-size", type=positive_int, default=16, help="tokens per block")
-    g.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
-                   help="KV cache dtype (auto: the model's)")
+    g.add_argument("--kv-cache-dtype", "--kv-dtype", dest="kv_dtype", choices=KV_CACHE_DTYPES,
+                   default="auto", help="KV cache format (auto: the model's dtype; fp8, "
+                   "fp8_per_head, int8/int4_per_token_head, kivi4/kivi2: quantized)")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
