@@ -153,8 +153,10 @@ def describe_engine(engine, model: str) -> str:
     mode = ("no KV cache (naive loop)" if not c.enable_kv_cache else
             "prefix cache " + ("on" if c.enable_prefix_caching else "off"))
     tier = f", host tier {engine.num_host_blocks} blocks" if engine.num_host_blocks else ""
+    fmt = engine.runner.format
+    kv = engine.runner.cache_dtype if fmt.is_default else fmt.name
     return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens{tier}, "
-            f"KV {engine.runner.cache_dtype}, {mode}".replace("torch.", ""))
+            f"KV {kv}, {mode}".replace("torch.", ""))
 
 
 # ------------------------------------------------------------------------------- recording
