@@ -20,6 +20,7 @@ replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n)
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -97,6 +98,8 @@ class BlockPool:
         # When a list (a host tier takes the evicted KV): allocate appends each evicted block's
         # (block, hash, parent) to it, for the caller to take and clear.
         self.evicted_keys: list[tuple[int, BlockHash, BlockHash]] | None = None
+        # Called with each block that becomes free without a hash (a KIVI residual's owner).
+        self.on_free: Callable[[int], None] | None = None
 
     @property
     def num_available(self) -> int:
@@ -160,6 +163,7 @@ class BlockPool:
         new.copies = {h: c[:] for h, c in self.copies.items()}
         new.chain_roots = set(self.chain_roots)
         new.evicted_keys = None if self.evicted_keys is None else self.evicted_keys[:]
+        new.on_free = None
         return new
 
     @classmethod
@@ -281,6 +285,8 @@ class BlockPool:
                 if self.block_hash[b] is None:
                     self._free[b] = None
                     self._free.move_to_end(b, last=False)
+                    if self.on_free is not None:
+                        self.on_free(b)
                 else:
                     self._cached.push(b, self)
 

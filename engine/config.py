@@ -13,7 +13,9 @@ from reprlib import Repr
 
 from kvscope.engine import policies
 
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8")
+# kvscope.kernels.kv_formats describes each (FORMAT_NAMES: the same names)
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_per_head",
+                   "int8_per_token_head", "int4_per_token_head", "kivi4", "kivi2")
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 MIN_TEMPERATURE = 1e-6  # below this (but above 0) logits / temperature overflow float32
 MAX_N = 256  # parallel samples per request
@@ -81,7 +83,7 @@ def _bools(owner: str, obj, names: tuple[str, ...]) -> None:
 class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None: DEFAULT_CPU_BLOCKS on CPU, share of free memory on CUDA
-    kv_cache_dtype: str = "auto"  # auto (model dtype) | float16 | bfloat16 | float32 | fp8
+    kv_cache_dtype: str = "auto"  # auto (model dtype) | float16 | ... | kivi2: KV_CACHE_DTYPES
     enable_prefix_caching: bool = True
     enable_kv_cache: bool = True  # False: the naive loop that recomputes every sequence each step
     device: str = "cpu"  # cpu | cuda

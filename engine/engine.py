@@ -46,21 +46,26 @@ class Engine:
                 loaded, config.block_size, config.kv_cache_dtype, self.device,
                 config.gpu_memory_fraction))
         self.runner = ModelRunner(loaded, num_blocks, config.block_size, config.kv_cache_dtype,
-                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights)
-        host_blocks = config.host_blocks or config.host_bytes // (
-            self.runner.kv_bytes_per_token * config.block_size)
+                                  self.device, prepack_cpu_weights=config.prepack_cpu_weights,
+                                  max_num_seqs=config.max_num_seqs)
+        host_blocks = config.host_blocks or config.host_bytes // self.runner.kv_bytes_per_block
         if config.host_bytes and not host_blocks:
             raise ValueError(f"host_bytes {config.host_bytes} holds no block of "
-                             f"{self.runner.kv_bytes_per_token * config.block_size} bytes")
+                             f"{self.runner.kv_bytes_per_block} bytes")
         if host_blocks:
             self.runner.add_host_tier(host_blocks)
-        # the model part of every chain's root hash (see block_hash.ExtraKeys)
-        self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}"
+        # the model part of every chain's root hash (see block_hash.ExtraKeys); the formats
+        # added with kv_formats name themselves (the others keep the hashes they had)
+        fmt = self.runner.format
+        self.cache_identity = identity = f"{loaded.fingerprint}/{self.runner.cache_dtype}" + (
+            "" if fmt.is_default else f"/{fmt.name}" + (f"/g{fmt.group}" if fmt.group else ""))
         self.manager = KVCacheManager(num_blocks, config.block_size,
                                       config.enable_prefix_caching, identity,
                                       config.record_events, config.eviction_policy,
                                       self.runner.groups, host_blocks,
                                       config.host_eviction_policy)
+        if self.runner.residual is not None:  # a freed partial block's residual slot goes back
+            self.manager.pool.on_free = self.runner.residual.on_free
         self.events = self.manager.events
         self.scheduler = Scheduler(config, self.manager)
         self.requests: dict[int, Request] = {}

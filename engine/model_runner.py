@@ -7,7 +7,13 @@ fp8 caches: each layer has a python-float ``k_scale`` and ``v_scale``; the cache
 ``x / scale`` saturated to the e4m3 range (+-448). The default scale is 1.0 (vLLM's default
 without calibrated checkpoint scales): it is history-independent, so a prompt's KV never
 depends on which prompts ran before. ``calibrate_kv_scales`` sets per-layer scales from the
-|k|/|v| maxima of sample prompts instead; call it before anything is stored.
+|k|/|v| maxima of sample prompts instead; call it before anything is stored. ``fp8_per_head``:
+the same with a ``[kv_heads, 1]`` tensor per layer (per head maxima).
+
+Formats with scales beside the block (kvscope.kernels.kv_formats): ``kv_meta`` holds them, each
+tensor ``[slices, sides, num_blocks, ...]``, copied with the data wherever a block is copied
+(copy-on-write, the host tier); KIVI's per-sequence residual is ``residual``
+(kvscope.engine.kivi_residual).
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from itertools import accumulate
 import torch
 
 from kvscope import kernels
+from kvscope.engine.kivi_residual import KiviResidual
 from kvscope.engine.kv_groups import NULL, KVGroup, groups_of
 from kvscope.engine.models.attention import AttentionContext
 from kvscope.engine.models.llama import Linear
 from kvscope.engine.models.load import LoadedModel
+from kvscope.kernels import kv_formats
+from kvscope.kernels.kv_quant import PackedSide
 
 FP8_HEADROOM = 2.0  # calibrated scale maps 2x the observed max to 448
 
@@ -53,10 +62,11 @@ def available_memory(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_pool_fits(num_blocks: int, block_size: int, bytes_per_token: int,
-                    device: torch.device, what: str = "the KV pool") -> None:
-    """Refuse, before allocating, a KV pool (or host tier) larger than the memory there is."""
-    need = num_blocks * block_size * bytes_per_token
+def check_pool_fits(num_blocks: int, block_size: int, bytes_per_token: float,
+                    device: torch.device, what: str = "the KV pool", extra: int = 0) -> None:
+    """Refuse, before allocating, a KV pool (or host tier) larger than the memory there is;
+    ``extra``: bytes beside it (KIVI's residual)."""
+    need = int(num_blocks * block_size * bytes_per_token) + extra
     have = available_memory(device)
     if need > have:
         raise ValueError(
@@ -84,14 +94,16 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str = "auto", device: str | torch.device = "cpu",
                  kernel_impl: str | None = None, prepack_cpu_weights: bool = False,
-                 groups: tuple[KVGroup, ...] | None = None):
+                 groups: tuple[KVGroup, ...] | None = None, max_num_seqs: int = 64,
+                 kivi_group: int | None = None):
         """``kernel_impl``: None picks triton on CUDA and torch elsewhere; "torch" or "triton"
         forces one (triton on the CPU needs ``TRITON_INTERPRET=1``, for tests).
         ``prepack_cpu_weights``: see ``EngineConfig`` (``prepacked_weight_bytes`` counts it).
         ``groups``: the KV-cache groups (default: the model's, from its layers' windows). Layer
         i of a group uses the group's block tables and slice i of the KV tensor, which the
         groups share (a block is in one group's table at a time): the tensor has as many
-        slices as the largest group has layers."""
+        slices as the largest group has layers. ``max_num_seqs``: KIVI's residual slots (one
+        per running sequence); ``kivi_group``: its K group (default: kv_formats')."""
         self.device = torch.device(device)
         self.kernels = kernels.kernel_backend(kernel_impl, self.device)
         self.model = loaded.model.to(self.device)
@@ -106,21 +118,53 @@ class ModelRunner:
         self.model_dtype = loaded.dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.cache_dtype = kernels.kv_cache_dtype_of(kv_cache_dtype, self.model_dtype)
+        self.format = fmt = kv_formats.kv_format(kv_cache_dtype, block_size, kivi_group)
+        kv_formats.check_shape(fmt, cfg.head_dim)
+        self.cache_dtype = fmt.data_dtype(self.model_dtype)
         self.groups = groups or groups_of(cfg.layer_windows)
-        slices = self._assign_groups()
-        self.kv_bytes_per_token = (slices * 2 * cfg.num_kv_heads * cfg.head_dim
-                                   * self.cache_dtype.itemsize)
-        check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device)
+        self.num_slices = slices = self._assign_groups()
+        if not fmt.is_default and self.kernels.name == "triton":
+            raise ValueError(f"kv_cache_dtype {fmt.name!r} has no triton kernels yet: use the "
+                             "torch kernels (kernel_impl='torch') or a 16-bit or fp8 cache")
+        self.kv_bytes_per_block = slices * round(block_size * fmt.bytes_per_token(
+            cfg.num_kv_heads, cfg.head_dim, self.model_dtype.itemsize))
+        per_token = self.kv_bytes_per_block / block_size
+        self.kv_bytes_per_token = int(per_token) if per_token.is_integer() else per_token
+        self.residual = None
+        if fmt.scheme == "kivi":
+            self.residual = KiviResidual(slices, max_num_seqs, fmt.group, cfg.num_kv_heads,
+                                         cfg.head_dim, self.model_dtype, self.device)
+        check_pool_fits(num_blocks, block_size, self.kv_bytes_per_token, self.device,
+                        extra=self.residual_bytes)
         if self.is_fp8 and self.kernels.name == "triton":
             kernels.check_fp8_support(self.device)
-        shape = (slices, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_cache = (kernels.cpu.zeros(shape, self.cache_dtype) if self.device.type == "cpu"
-                         else torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
+        self.kv_cache, self.kv_meta = self._allocate(num_blocks, self.device)
         self.host_kv: torch.Tensor | None = None  # the host tier's KV (add_host_tier)
-        self.k_scales = [1.0] * cfg.num_layers
-        self.v_scales = [1.0] * cfg.num_layers
+        self.host_meta: tuple[torch.Tensor, ...] = ()
+        one = (lambda: torch.ones(cfg.num_kv_heads, 1, device=self.device)) \
+            if fmt.scheme == "fp8_per_head" else (lambda: 1.0)
+        self.k_scales = [one() for _ in range(cfg.num_layers)]
+        self.v_scales = [one() for _ in range(cfg.num_layers)]
         self._stored_any = False
+
+    def _allocate(self, num_blocks: int, device: torch.device, pin: bool = False):
+        cfg, fmt = self.config, self.format
+        shape = (self.num_slices, 2, num_blocks, self.block_size, cfg.num_kv_heads,
+                 fmt.packed_dim(cfg.head_dim))
+        if device.type == "cpu" and not pin:
+            data = kernels.cpu.zeros(shape, self.cache_dtype)
+        else:
+            data = torch.zeros(shape, dtype=self.cache_dtype, device=device, pin_memory=pin)
+        meta = tuple(torch.zeros((self.num_slices, sides, num_blocks, *rest), dtype=dtype,
+                                 device=device, pin_memory=pin)
+                     for rest, sides, dtype in fmt.meta_shapes(self.block_size, cfg.num_kv_heads,
+                                                               cfg.head_dim))
+        return data, meta
+
+    @property
+    def residual_bytes(self) -> int:
+        """KIVI's per-sequence full-precision K (all slots), beside the pool; else 0."""
+        return 0 if self.residual is None else self.residual.nbytes
 
     def _assign_groups(self) -> int:
         """Tell each layer its group and KV slice; returns the number of slices."""
@@ -154,13 +198,12 @@ class ModelRunner:
 
     def add_host_tier(self, num_blocks: int) -> None:
         """The host tier's KV: `num_blocks` blocks in host memory (pinned on CUDA), the layout of
-        the device's (see `transfer`)."""
+        the device's, scales and zero points included (see `transfer`)."""
         bytes_per_token = self.kv_bytes_per_token
         check_pool_fits(num_blocks, self.block_size, bytes_per_token, torch.device("cpu"),
                         "the host tier")
-        shape = (*self.kv_cache.shape[:2], num_blocks, *self.kv_cache.shape[3:])
-        self.host_kv = torch.zeros(shape, dtype=self.cache_dtype,
-                                   pin_memory=self.device.type == "cuda")
+        self.host_kv, self.host_meta = self._allocate(num_blocks, torch.device("cpu"),
+                                                      pin=self.device.type == "cuda")
 
     @torch.inference_mode()
     def transfer(self, offloads: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]
@@ -168,13 +211,16 @@ class ModelRunner:
         """The host tier's copies, before a step's forward pass: offloads (device block ->
         host block) first, as they read device blocks that loads may overwrite, then loads
         (host block -> device block). Every layer's K and V of each block."""
-        dev, host = self.kv_cache, self.host_kv
+        pairs = list(zip((self.kv_cache, *self.kv_meta), (self.host_kv, *self.host_meta),
+                         strict=True))
         if offloads:
             src, dst = (torch.tensor(x, dtype=torch.int64) for x in zip(*offloads, strict=True))
-            host[:, :, dst] = dev[:, :, src.to(dev.device)].to("cpu")
+            for dev, host in pairs:
+                host[:, :, dst] = dev[:, :, src.to(dev.device)].to("cpu")
         if loads:
             src, dst = (torch.tensor(x, dtype=torch.int64) for x in zip(*loads, strict=True))
-            dev[:, :, dst.to(dev.device)] = host[:, :, src].to(dev.device, non_blocking=True)
+            for dev, host in pairs:
+                dev[:, :, dst.to(dev.device)] = host[:, :, src].to(dev.device, non_blocking=True)
 
     @torch.inference_mode()
     def run(self, chunks: Sequence[SeqChunk], copies: Sequence[tuple[int, int]] = ()
@@ -187,6 +233,15 @@ class ModelRunner:
             pairs = [(int(s), int(d)) for s, d in copies]
             for layer in self.kv_cache:
                 kernels.copy_blocks(layer[0], layer[1], pairs)
+            if self.kv_meta:
+                src, dst = (kernels.to_device(torch.tensor(x), self.device)
+                            for x in zip(*pairs, strict=True))
+                for meta in self.kv_meta:
+                    meta[:, :, dst] = meta[:, :, src]
+            if self.residual is not None:
+                self.residual.copy(pairs)
+        if self.residual is not None:
+            self.residual.drop_freed()
         if not chunks:
             return torch.empty(0, self.config.vocab_size, device=self.device)
         batch = self.prepare(chunks)
@@ -240,8 +295,29 @@ class ModelRunner:
             k_scales=self.k_scales,
             v_scales=self.v_scales,
             kernels=self.kernels,
+            kv_sides=self._sides(chunks) if self.format.is_packed else None,
         )
         return ForwardBatch(up(ids), up(torch.cat(positions)), ctx, up(logit_rows))
+
+    def _sides(self, chunks: Sequence[SeqChunk]):
+        """The per-layer ``PackedSide`` pair a layer passes to the kernels in place of scales:
+        ``(cache_index, group) -> (k_side, v_side)``."""
+        fmt, meta, plans = self.format, self.kv_meta, None
+        if self.residual is not None:
+            plans = [self.residual.plan([(t, c.start_pos, c.start_pos + len(c.token_ids))
+                                         for c, t in zip(chunks, tables, strict=True)],
+                                        self.block_size, self.device)
+                     for tables in zip(*((c.block_table, *c.more_tables) for c in chunks),
+                                       strict=True)]
+
+        def sides(index: int, group: int) -> tuple[PackedSide, PackedSide]:
+            if plans is None:
+                return (PackedSide(fmt, False, (meta[0][index, 0],)),
+                        PackedSide(fmt, True, (meta[0][index, 1],)))
+            layer_meta = (meta[0][index, 0], meta[1][index, 0])
+            return (PackedSide(fmt, False, layer_meta, self.residual.k[index], plans[group]),
+                    PackedSide(fmt, True, layer_meta))
+        return sides
 
     def _check_chunk(self, c: SeqChunk, n: int, end: int) -> None:
         if n == 0:
@@ -284,21 +360,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def calibrate_kv_scales(self, token_id_lists: Sequence[Sequence[int]]) -> None:
-        """Set per-layer fp8 scales to ``FP8_HEADROOM * amax / 448`` measured on the sample.
+        """Set per-layer fp8 scales to ``FP8_HEADROOM * amax / 448`` measured on the sample
+        (``fp8_per_head``: per layer and KV head).
 
         Only for fp8 caches and only before the first ``run`` (stored blocks would otherwise
         be read back with the wrong scale).
         """
-        if not self.is_fp8:
+        if self.format.scheme not in ("fp8", "fp8_per_head"):
             raise ValueError("kv scales only apply to an fp8 cache")
         if self._stored_any:
             raise RuntimeError("calibrate_kv_scales must run before anything is stored")
         per_layer: list[torch.Tensor] = []
         self._naive_forward(token_id_lists, per_layer)
-        amax = torch.stack(per_layer).float().tolist()  # one transfer for all layers
-        tiny = 1e-6
-        self.k_scales = [max(k, tiny) * FP8_HEADROOM / kernels.FP8_MAX for k, _ in amax]
-        self.v_scales = [max(v, tiny) * FP8_HEADROOM / kernels.FP8_MAX for _, v in amax]
+        amax = torch.stack(per_layer).float()  # [layers, 2 (K, V), kv_heads]
+        scales = amax.clamp_min(1e-6) * FP8_HEADROOM / kernels.FP8_MAX
+        if self.format.scheme == "fp8_per_head":
+            self.k_scales = [s[:, None].to(self.device) for s in scales[:, 0]]
+            self.v_scales = [s[:, None].to(self.device) for s in scales[:, 1]]
+        else:  # one transfer for all layers
+            self.k_scales, self.v_scales = scales.amax(-1).T.tolist()
 
 
 def blocks_that_fit(loaded, block_size: int, kv_cache_dtype: str, device: torch.device,
@@ -306,6 +386,6 @@ def blocks_that_fit(loaded, block_size: int, kv_cache_dtype: str, device: torch.
     """KV blocks that `fraction` of the GPU's free memory holds (the engine's default pool)."""
     probe = ModelRunner(loaded, 1, block_size, kv_cache_dtype, device)
     free, _ = torch.cuda.mem_get_info(device)
-    per_block = probe.kv_bytes_per_token * block_size
+    per_block = probe.kv_bytes_per_block
     del probe
     return max(1, int(free * fraction) // per_block)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kvscope.kernels import cpu, reference
+from kvscope.kernels.kv_quant import PackedSide
 
 _CACHE_DTYPES = {
     "float16": torch.float16,
@@ -70,7 +71,7 @@ def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBacken
     if impl is None:
         impl = "triton" if torch.device(device).type == "cuda" else "cpu"
     if impl == "cpu":
-        return KernelBackend("cpu", _cpu_store_kv, cpu.prefill_attention,
+        return KernelBackend("cpu", _cpu_store_kv, _cpu_prefill_attention,
                              _cpu_paged_decode_attention)
     if impl == "torch":
         return KernelBackend("torch", reference.store_kv, reference.paged_prefill_attention,
@@ -87,6 +88,16 @@ def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBacken
 def _cpu_store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
     if not cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
         reference.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def _cpu_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                           k_scale=1.0, v_scale=1.0, max_seqlen_q=None, window=None,
+                           softcap=None) -> torch.Tensor:
+    """KIVI's prefill reads some keys in full precision per query: the reference's scores."""
+    fused = not (isinstance(k_scale, PackedSide) and k_scale.fmt.scheme == "kivi")
+    return (cpu.prefill_attention if fused else reference.paged_prefill_attention)(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, k_scale, v_scale,
+        max_seqlen_q, window=window, softcap=softcap)
 
 
 def _cpu_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,

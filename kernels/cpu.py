@@ -268,8 +268,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         if q_len == 0:
             continue
         # [1, heads, tokens, D]: without the batch dim torch takes its unfused math path.
-        k = reference.gather_kv(k_cache, block_tables[b], ctx, k_scale).transpose(0, 1)[None]
-        v = reference.gather_kv(v_cache, block_tables[b], ctx, v_scale).transpose(0, 1)[None]
+        k = reference.gather_kv(k_cache, block_tables[b], ctx, k_scale, b).transpose(0, 1)[None]
+        v = reference.gather_kv(v_cache, block_tables[b], ctx, v_scale, b).transpose(0, 1)[None]
         past = ctx - q_len  # keys before the first new token (a prefix-cache hit, or chunks)
         causal_only = past == 0 and (window is None or window >= q_len) and not softcap
         # Query rows per call: the boolean mask of a prefix hit stays under MASK_ENTRIES.

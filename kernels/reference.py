@@ -6,13 +6,18 @@ sliding-window layer; None: full attention): the query at position q sees the ke
 q - W < k <= q, as transformers' sliding-window mask. ``softcap`` C (Gemma 2's attention logit
 soft-capping; None: none): each scaled score s becomes ``tanh(s / C) * C`` before the mask and
 softmax. For an fp8 cache the
-stored value is ``x / scale`` (saturated to the e4m3 range) and the read value ``stored * scale``.
+stored value is ``x / scale`` (saturated to the e4m3 range) and the read value ``stored * scale``;
+the scale is a float (per layer) or a ``[kv_heads, 1]`` tensor (per layer and head). Formats
+with scales beside the block get a ``kv_quant.PackedSide`` in place of a scale.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kvscope.kernels import kv_quant
+from kvscope.kernels.kv_quant import PackedSide
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
@@ -40,6 +45,10 @@ def dequantize(stored: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
+    if isinstance(k_scale, PackedSide):
+        kv_quant.store(key, k_cache, slot_mapping, k_scale)
+        kv_quant.store(value, v_cache, slot_mapping, v_scale)
+        return
     keep = (slot_mapping >= 0).nonzero().squeeze(1)
     if keep.numel() == 0:
         return
@@ -55,17 +64,25 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.
         flat.index_copy_(0, slots.long(), values)
 
 
-def gather_kv(cache, block_table, length, scale) -> torch.Tensor:
-    """First ``length`` positions of one sequence, float32 ``[length, kv_heads, head_dim]``."""
+def gather_kv(cache, block_table, length, scale, seq: int = 0) -> torch.Tensor:
+    """First ``length`` positions of sequence ``seq`` (its ``block_table``), float32
+    ``[length, kv_heads, head_dim]``."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
+    if isinstance(scale, PackedSide):
+        values = kv_quant.read_blocks(cache, block_table[:num_blocks].long(), scale)
+        values = values.view(-1, *values.shape[2:])[:length]
+        kv_quant.overlay_residual(values, scale, seq)
+        return values
     blocks = cache.index_select(0, block_table[:num_blocks].long())
     return dequantize(blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length], scale)
 
 
-def _attend(q, k, v, q_pos, k_pos, scale, window=None, softcap=None) -> torch.Tensor:
+def _attend(q, k, v, q_pos, k_pos, scale, window=None, softcap=None, full=None
+            ) -> torch.Tensor:
     """q: [M, H, D] float32; k, v: [N, Hkv, D] float32; causal on positions (and within the
-    window). Returns [M, H, D]."""
+    window). ``full``: KIVI's (g, K from position g on, group size): a query reads the keys of
+    its own group there unless it completes the group. Returns [M, H, D]."""
     m, num_heads, head_dim = q.shape
     n, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads
@@ -73,6 +90,12 @@ def _attend(q, k, v, q_pos, k_pos, scale, window=None, softcap=None) -> torch.Te
     qg = q.reshape(m, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * m, head_dim)
     scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
+    if full is not None:
+        first, k_full, g = full
+        k_full = k_full[:n - first]
+        own = torch.bmm(qg, k_full.permute(1, 2, 0)).view(num_kv_heads, group, m, -1).mul_(scale)
+        same = (k_pos[None, first:n] // g == q_pos[:, None] // g) & ((q_pos[:, None] + 1) % g != 0)
+        scores[..., first:n] = torch.where(same, own, scores[..., first:n])
     if softcap:
         scores.div_(softcap).tanh_().mul_(softcap)
     hidden = k_pos[None, :] > q_pos[:, None]
@@ -97,9 +120,12 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
         q_len = end - start
         if q_len == 0:
             continue
-        k = gather_kv(k_cache, block_tables[b], ctx, k_scale)
-        v = gather_kv(v_cache, block_tables[b], ctx, v_scale)
+        k = gather_kv(k_cache, block_tables[b], ctx, k_scale, b)
+        v = gather_kv(v_cache, block_tables[b], ctx, v_scale, b)
         k_pos = torch.arange(ctx, device=q.device)
+        full = kv_quant.full_precision_k(k_scale, b) if isinstance(k_scale, PackedSide) else None
+        if full is not None:
+            full = (*full, k_scale.fmt.group)
         rows = max(1, _MAX_SCORE_ELEMENTS // (num_heads * ctx))
         for i in range(0, q_len, rows):
             j = min(q_len, i + rows)
@@ -107,7 +133,7 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
             # Keys past the chunk's last query are fully masked: skip them.
             n = ctx - q_len + j
             o = _attend(q[start + i:start + j].float(), k[:n], v[:n], q_pos, k_pos[:n], scale,
-                        window, softcap)
+                        window, softcap, full)
             out[start + i:start + j] = o.to(q.dtype)
     return out
 
@@ -128,6 +154,11 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     table = block_tables[:, :num_blocks].long()
 
     def gather(cache, s):  # index_select: several times faster than cache[table] on the CPU
+        if isinstance(s, PackedSide):
+            values = kv_quant.read_blocks(cache, table.reshape(-1), s)
+            values = values.view(batch, -1, num_kv_heads, head_dim)
+            kv_quant.overlay_residual(values, s)
+            return values.transpose(1, 2)
         blocks = cache.index_select(0, table.reshape(-1))
         return dequantize(blocks.view(batch, -1, num_kv_heads, head_dim), s).transpose(1, 2)
 

@@ -12,6 +12,10 @@ layers + min(context, W) x windowed layers) x bytes per token per layer. Multi-h
 attention (DeepSeek) stores one compressed latent per token and layer, K and V together:
 kv_lora_rank + qk_rope_head_dim values (576 for DeepSeek-V3) in place of 2 x kv_heads x head_dim.
 
+Quantized formats (kvscope.kernels.kv_formats, which the engine's pool size uses too) add their
+scales and zero points per token (``format_bytes_per_token``); KIVI also keeps a full-precision
+K residual per running sequence (``format_residual_bytes``), charged per request here.
+
 Paged engines round each request up to whole blocks and keep some memory for activations; these
 are the upper bounds the textbook quotes.
 """
@@ -223,6 +227,37 @@ def bytes_per_request(shape: KVShape, context_tokens: int, dtype: str | int | No
     full = shape.num_layers - shape.window_layers
     held = context_tokens * full + min(context_tokens, shape.window or 0) * shape.window_layers
     return held * shape.per_layer_elements * b
+
+
+def _format(name: str, block_size: int):
+    from kvscope.kernels.kv_formats import kv_format  # torch: only for the quantized formats
+
+    return kv_format(name, block_size)
+
+
+def format_bytes_per_token(shape: KVShape, name: str, block_size: int = 16) -> float:
+    """KV bytes per token of a ``kv_cache_dtype`` format, scales and zero points included:
+    layers x (K and V payload + overhead) per KV head (fractional where a KIVI group shares
+    its K scales over G tokens)."""
+    if shape.latent:
+        raise ValueError("the quantized formats are per KV head: not for an MLA latent")
+    per_layer = _format(name, block_size).bytes_per_token(shape.num_kv_heads, shape.head_dim,
+                                                          shape.bytes_per_element)
+    return shape.num_layers * per_layer
+
+
+def format_residual_bytes(shape: KVShape, name: str, block_size: int = 16) -> int:
+    """Full-precision bytes one running sequence keeps besides its blocks (KIVI's open K group
+    in every layer); 0 for the other formats."""
+    return shape.num_layers * _format(name, block_size).residual_bytes(
+        shape.num_kv_heads, shape.head_dim, shape.bytes_per_element)
+
+
+def format_tokens_that_fit(memory_bytes: float, shape: KVShape, name: str, num_seqs: int = 1,
+                           block_size: int = 16) -> int:
+    """Tokens that fit beside ``num_seqs`` running sequences' residuals."""
+    left = memory_bytes - num_seqs * format_residual_bytes(shape, name, block_size)
+    return max(0, int(left // format_bytes_per_token(shape, name, block_size)))
 
 
 def tokens_that_fit(memory_bytes: float, shape: KVShape, dtype: str | int | None = None) -> int:

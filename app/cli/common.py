@@ -59,8 +59,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"KV pool size in blocks (default: {DEFAULT_CPU_BLOCKS} on the CPU, as "
                    "in the window; a share of free memory on CUDA)")
     g.add_argument("--block-size", type=positive_int, default=16, help="tokens per block")
-    g.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="KV cache dtype (auto: the model's)")
+    g.add_argument("--kv-cache-dtype", "--kv-dtype", dest="kv_dtype", choices=KV_CACHE_DTYPES,
+                   default="auto", help="KV cache format (auto: the model's dtype; fp8, "
+                   "fp8_per_head, int8/int4_per_token_head, kivi4/kivi2: quantized)")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -152,8 +153,10 @@ def describe_engine(engine, model: str) -> str:
     mode = ("no KV cache (naive loop)" if not c.enable_kv_cache else
             "prefix cache " + ("on" if c.enable_prefix_caching else "off"))
     tier = f", host tier {engine.num_host_blocks} blocks" if engine.num_host_blocks else ""
+    fmt = engine.runner.format
+    kv = engine.runner.cache_dtype if fmt.is_default else fmt.name
     return (f"{model} on {c.device}, {engine.num_blocks} blocks x {c.block_size} tokens{tier}, "
-            f"KV {engine.runner.cache_dtype}, {mode}".replace("torch.", ""))
+            f"KV {kv}, {mode}".replace("torch.", ""))
 
 
 # ------------------------------------------------------------------------------- recording

@@ -7,6 +7,7 @@ its own slice of the KV tensor (``cache_index``) and its KV-cache group's block 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,12 @@ class AttentionContext:
     is_decode: bool = False                  # every sequence has exactly one new token
     k_scales: list[float] | None = None      # per layer, fp8 caches only
     v_scales: list[float] | None = None
-    kv_amax: list[torch.Tensor] | None = None  # if a list: layers append [|k|max, |v|max]
+    # if a list: layers append [|k|max, |v|max] per KV head, [2, kv_heads]
+    kv_amax: list[torch.Tensor] | None = None
     kernels: KernelBackend | None = None     # chosen once by the model runner
+    # Formats with scales beside the block: (cache_index, group) -> the (K, V) PackedSide a
+    # layer passes in place of its scales
+    kv_sides: Callable[[int, int], tuple] | None = None
 
 
 class Attention(nn.Module):
@@ -62,13 +67,16 @@ class Attention(nn.Module):
                 ctx: AttentionContext) -> torch.Tensor:
         """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` (rotary applied) -> ``[T, heads, d]``."""
         if ctx.kv_amax is not None:
-            ctx.kv_amax.append(torch.stack((k.abs().amax(), v.abs().amax())))
+            ctx.kv_amax.append(torch.stack((k.abs().amax((0, 2)), v.abs().amax((0, 2)))))
         if ctx.kv_cache is None:
             return self._naive(q, k, v, ctx.seq_lens_q)
 
         k_cache, v_cache = ctx.kv_cache[self.cache_index]
-        k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
-        v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
+        if ctx.kv_sides is not None:
+            k_scale, v_scale = ctx.kv_sides(self.cache_index, self.group)
+        else:
+            k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
+            v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
         kernels = ctx.kernels
         tables, slots = ctx.block_tables, ctx.slot_mapping
         if self.group:

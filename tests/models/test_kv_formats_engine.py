@@ -1,0 +1,142 @@
+"""The quantized KV formats in the engine: a prefix hit gives the tokens a cold run gives (the
+quantization is a function of a block's own tokens), the 32-bit format is the unquantized path,
+the pool's bytes are the formula's, and the format is part of a block's identity."""
+
+from __future__ import annotations
+
+import pytest
+from model_testutil import random_prompt
+
+from kvscope.engine import Engine, EngineConfig, SamplingParams
+from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.models.load import load_model
+from kvscope.kernels.kv_formats import QUANTIZED_FORMATS
+from kvscope.lab import capacity as cap
+
+SPEC = "llama3_rope_gqa_tied"  # 2 layers, 2 KV heads, head_dim 16
+PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir(SPEC))
+
+
+def engine(loaded, fmt, prefix=True, **kw):
+    return Engine(loaded, EngineConfig(block_size=8, num_blocks=48, kv_cache_dtype=fmt,
+                                       enable_prefix_caching=prefix, **kw))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", *QUANTIZED_FORMATS])
+def test_a_prefix_hit_gives_the_tokens_of_a_cold_run(loaded, fmt):
+    """The second prompt hits 5 blocks of the first request; its last hit block was
+    completed by decode steps (for KIVI: its last K group went through the residual)."""
+    prompt = random_prompt(37, seed=5)
+    runs = []
+    for prefix in (True, False):
+        e = engine(loaded, fmt, prefix)
+        first = e.generate([prompt], PARAMS)[0].token_ids
+        second = e.generate([prompt + first[:6]], PARAMS)[0]
+        runs.append((first, second.token_ids, second.num_cached_tokens))
+    assert runs[0][:2] == runs[1][:2]
+    assert (runs[0][2], runs[1][2]) == (40, 0)
+
+
+def test_the_formats_do_quantize(loaded):
+    """Logits of one prompt per format, against the float32 cache's: the error grows as bits
+    go (a check that the packed path runs at all), and kivi2 is not float32."""
+    prompt = random_prompt(30, seed=6)
+
+    def logits(fmt):
+        r = ModelRunner(loaded, 8, 8, fmt)
+        from model_testutil import BlockAllocator, PagedSeq
+        return r.run([PagedSeq(prompt, BlockAllocator(8), 8).chunk()])[0]
+
+    exact = logits("float32")
+    err = {f: (logits(f) - exact).abs().max().item() for f in
+           ("int8_per_token_head", "int4_per_token_head", "kivi4", "kivi2")}
+    assert 0 < err["int8_per_token_head"] < err["int4_per_token_head"]
+    assert err["kivi4"] < err["kivi2"]
+
+
+def test_float32_is_the_unquantized_path(loaded):
+    prompt = random_prompt(30, seed=7)
+    outs = [engine(loaded, f).generate([prompt], PARAMS)[0] for f in ("auto", "float32")]
+    assert outs[0].token_ids == outs[1].token_ids
+    e = engine(loaded, "float32")
+    assert e.runner.kv_meta == () and e.runner.residual is None
+    assert e.cache_identity == f"{loaded.fingerprint}/torch.float32"  # hashes as before
+
+
+def test_the_format_is_part_of_a_blocks_identity(loaded):
+    ids = {f: engine(loaded, f).cache_identity for f in ("float32", *QUANTIZED_FORMATS)}
+    assert len(set(ids.values())) == len(ids)
+    assert ids["kivi4"].endswith("/kivi4/g8")
+
+
+def test_host_tier_and_cow_keep_scales_with_the_blocks(loaded):
+    """n = 2 forks a partial block (copy-on-write of its KIVI residual) and a host tier
+    reloads evicted blocks with their scales: tokens equal a run without either."""
+    prompt = random_prompt(29, seed=8)
+    for fmt in ("int4_per_token_head", "kivi2"):
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, n=2)
+        plain = engine(loaded, fmt, False).generate([prompt], params)
+        forked = engine(loaded, fmt).generate([prompt], params)
+        assert [o.token_ids for o in plain] == [o.token_ids for o in forked]
+        small = Engine(loaded, EngineConfig(block_size=8, num_blocks=8, kv_cache_dtype=fmt,
+                                            host_blocks=16))
+        one = small.generate([prompt], PARAMS)[0].token_ids
+        small.generate([random_prompt(40, seed=9)], PARAMS)  # evicts the first to the host
+        again = small.generate([prompt], PARAMS)[0]
+        assert again.token_ids == one and small.host_counters().num_loaded_blocks > 0
+
+
+# Bytes per token by hand: (layers, KV heads, head_dim) and, per format, the sum written out:
+# per layer 2 (K, V) x heads x head_dim x bytes + scales (float32 per token and head: 4 B per
+# side), KIVI (G = 16): K payload + K float16 scale and zero per channel over 16 tokens
+# (heads x head_dim x 4 / 16) + V float16 scale and zero per token (heads x 4).
+HAND = {
+    (30, 3, 64): {"bfloat16": 30 * 2 * 3 * 64 * 2, "float32": 46080, "fp8": 11520,
+                  "fp8_per_head": 11520, "int8_per_token_head": 30 * 2 * 3 * (64 + 4),
+                  "int4_per_token_head": 30 * 2 * 3 * (32 + 4),
+                  "kivi4": 30 * (2 * 3 * 32 + 3 * 64 * 4 // 16 + 3 * 4),
+                  "kivi2": 30 * (2 * 3 * 16 + 48 + 12)},
+    (32, 8, 128): {"bfloat16": 131072, "float32": 262144, "fp8": 65536, "fp8_per_head": 65536,
+                   "int8_per_token_head": 32 * 2 * 8 * 132, "int4_per_token_head": 32 * 16 * 68,
+                   "kivi4": 32 * (1024 + 256 + 32), "kivi2": 32 * (512 + 256 + 32)},
+}
+HAND_VALUES = {(30, 3, 64): [23040, 46080, 11520, 11520, 12240, 6480, 7560, 4680],
+               (32, 8, 128): [131072, 262144, 65536, 65536, 67584, 34816, 41984, 25600]}
+
+
+@pytest.mark.parametrize("dims", list(HAND))
+def test_bytes_per_token_by_hand(dims):
+    layers, heads, head_dim = dims
+    shape = cap.KVShape(layers, heads * 3, heads, head_dim, "bfloat16")
+    assert list(HAND[dims].values()) == HAND_VALUES[dims]
+    for fmt, expect in HAND[dims].items():
+        assert cap.format_bytes_per_token(shape, fmt, 16) == expect, fmt
+    residual = cap.format_residual_bytes(shape, "kivi4", 16)
+    assert residual == layers * 15 * heads * head_dim * 2  # 15 tokens of bf16 K per layer
+    assert cap.format_residual_bytes(shape, "int4_per_token_head") == 0
+    memory = 2**30
+    assert cap.format_tokens_that_fit(memory, shape, "kivi2", 4) == \
+        (memory - 4 * residual) // HAND[dims]["kivi2"]
+
+
+@pytest.mark.parametrize("fmt", ["float32", "fp8", *QUANTIZED_FORMATS])
+def test_the_pool_holds_the_formula_bytes(loaded, fmt):
+    r = ModelRunner(loaded, 6, 16, fmt)
+    tensors = (r.kv_cache, *r.kv_meta)
+    per_block = sum(t.numel() * t.element_size() for t in tensors) // 6
+    shape = cap.KVShape.from_model_config(loaded.config)
+    assert per_block == r.kv_bytes_per_block
+    assert r.kv_bytes_per_token == cap.format_bytes_per_token(shape, fmt, 16)
+    assert r.residual_bytes == 64 * cap.format_residual_bytes(shape, fmt, 16)
+
+
+def test_bad_formats_are_refused(loaded):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineConfig(kv_cache_dtype="int3")
+    with pytest.raises(ValueError, match="no triton kernels yet"):
+        ModelRunner(loaded, 4, 8, "kivi4", kernel_impl="triton")
