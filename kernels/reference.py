@@ -45,15 +45,16 @@ def dequantize(stored: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
-    if isinstance(k_scale, PackedSide):
-        kv_quant.store(key, k_cache, slot_mapping, k_scale)
-        kv_quant.store(value, v_cache, slot_mapping, v_scale)
-        return
-    keep = (slot_mapping >= 0).nonzero().squeeze(1)
-    if keep.numel() == 0:
-        return
-    slots = slot_mapping if keep.numel() == slot_mapping.numel() else slot_mapping[keep]
+    keep = None
     for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        if isinstance(scale, PackedSide):
+            kv_quant.store(x, cache, slot_mapping, scale)
+            continue
+        if keep is None:
+            keep = (slot_mapping >= 0).nonzero().squeeze(1)
+            slots = slot_mapping if keep.numel() == slot_mapping.numel() else slot_mapping[keep]
+        if keep.numel() == 0:
+            continue
         if keep.numel() != x.shape[0]:
             x = x.index_select(0, keep)
         values = quantize(x, cache.dtype, scale)

@@ -46,6 +46,9 @@ class AttentionContext:
     # Formats with scales beside the block: (cache_index, group) -> the (K, V) PackedSide a
     # layer passes in place of its scales
     kv_sides: Callable[[int, int], tuple] | None = None
+    # A lab measurement (lab/experiments/kv_sides.py): side 0 (K) or 1 (V) kept in the model's
+    # dtype in this tensor [slices, num_blocks, block_size, kv_heads, d], the other in the format
+    kv_kept: tuple[int, torch.Tensor] | None = None
 
 
 class Attention(nn.Module):
@@ -77,6 +80,12 @@ class Attention(nn.Module):
         else:
             k_scale = ctx.k_scales[self.layer_idx] if ctx.k_scales else 1.0
             v_scale = ctx.v_scales[self.layer_idx] if ctx.v_scales else 1.0
+        if ctx.kv_kept is not None:
+            side, kept = ctx.kv_kept
+            if side:
+                v_cache, v_scale = kept[self.cache_index], 1.0
+            else:
+                k_cache, k_scale = kept[self.cache_index], 1.0
         kernels = ctx.kernels
         tables, slots = ctx.block_tables, ctx.slot_mapping
         if self.group:

@@ -79,32 +79,13 @@ class Bench:
 
         return ModelRunner(self.loaded, 1, 16, kv_cache_dtype, self.device).kv_bytes_per_token
 
-    def forced_logits(self, kv_cache_dtype: str, prompts: list[list[int]],
-                      continuations: list[list[int]], block_size: int = 16) -> list:
-        """Per prompt, float32 logits [len(continuation), vocab]: after the prompt and after each
-        of its continuation's tokens but the last, fed in turn (teacher forcing), every prompt
-        in one batch, on a model runner of its own with this KV cache format (the engine hands
-        back tokens, not logits)."""
-        import torch
+    def forced(self, kv_cache_dtype: str, prompts: list[list[int]],
+               continuations: list[list[int]], sides: str = "kv"):
+        """Teacher-forced logits of every prompt on a model runner of its own with this KV
+        format (the engine hands back tokens, not logits): kv_sides.forced."""
+        from kvscope.lab.experiments.kv_sides import forced
 
-        from kvscope.engine.model_runner import ModelRunner, SeqChunk
-
-        tables, start = [], 0
-        for p, c in zip(prompts, continuations, strict=True):
-            n = -(-(len(p) + len(c)) // block_size)
-            tables.append(list(range(start, start + n)))
-            start += n
-        runner = ModelRunner(self.loaded, start, block_size, kv_cache_dtype, self.device)
-        rows: list[list] = [[] for _ in prompts]
-        feeds, done = [list(p) for p in prompts], [0] * len(prompts)
-        for t in range(max(map(len, continuations))):
-            live = [i for i, c in enumerate(continuations) if t < len(c)]
-            logits = runner.run([SeqChunk(feeds[i], done[i], tables[i]) for i in live])
-            for row, i in zip(logits, live, strict=True):
-                rows[i].append(row)
-                done[i] += len(feeds[i])
-                feeds[i] = [continuations[i][t]]
-        return [torch.stack(r) for r in rows]
+        return forced(self.loaded, self.device, kv_cache_dtype, prompts, continuations, sides)
 
     def one(self, engine, prompt: list[int], max_tokens: int) -> RequestOutput:
         return self.run(engine, [prompt], max_tokens)[0][0]

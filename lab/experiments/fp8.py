@@ -22,8 +22,8 @@ def agreement(a: list[int], b: list[int]) -> tuple[int, int | None]:
 def max_logit_deviation(bench, prompt: list[int], tokens: list[int]) -> float:
     """The largest |logit difference| between an fp8 and a 16-bit cache over the steps, both
     fed the 16-bit run's tokens (so every step sees the same context)."""
-    half = bench.forced_logits("bfloat16", [prompt], [tokens])[0]
-    fp8 = bench.forced_logits("fp8", [prompt], [tokens])[0]
+    half = bench.forced("bfloat16", [prompt], [tokens]).logits[0]
+    fp8 = bench.forced("fp8", [prompt], [tokens]).logits[0]
     bench.advance()
     return float((half - fp8).abs().max())
 

@@ -9,10 +9,16 @@ Per format, against a full-precision (float32) cache:
 - top-1 agreement at those positions;
 - the first position where the format's own greedy output departs from the reference's (each
   run free, on a real engine), over the prompts; "-" when none does;
+- K's error apart from V's: the mean KL divergence with the format on K only (V kept in full
+  precision), and on V only;
+- per layer, the relative RMS error of the K and V the cache holds (whole blocks) against the
+  reference's, as the run cached them: the mean over layers and the worst layer;
 - bytes per token as the engine stores them (scales and zero points included), the capacity
   against a 16-bit cache and the tokens one GiB holds;
 - the median decode step time of the free run.
-The 32-bit row is the check: its KL divergence must be 0 and its agreement 100 %."""
+fp8 scales (per tensor, or per head) are calibrated on the prompts' first pass (their |K| and |V|
+maxima) before anything is stored. The 32-bit row is the check: its KL divergence must be 0 and
+its agreement 100 %."""
 
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ REFERENCE = "float32"
 SIXTEEN_BIT = "bfloat16"
 GIB = 2**30
 COLUMNS = ["format", "bytes/token", "capacity x", "tokens/GiB", "KLD mean", "KLD p99.9",
-           "top-1 %", "first divergence", "decode ms"]
+           "top-1 %", "first divergence", "K-only KLD", "V-only KLD", "K err", "V err",
+           "worst layer", "decode ms"]
 
 
 def formats() -> list[str]:
@@ -42,24 +49,40 @@ def formats() -> list[str]:
 
 
 def measure(bench, quick: bool = False, names: list[str] | None = None) -> Result:
+    from kvscope.lab.experiments.kv_sides import layer_errors
+
     count, length, out = (2, 16, 8) if quick else (8, 192, 48)
     prompts = bench.prompt_set(count, length)
     names = names or formats()
-    bench.plan(2 * len(names) + 1)
+    bench.plan(4 * len(names) + 1)
     ref_outputs, _ = bench.run(bench.engine(kv_cache_dtype=REFERENCE), prompts, out)
     reference = [o.token_ids for o in ref_outputs]
-    ref_logprobs = log_softmax(bench.forced_logits(REFERENCE, prompts, reference))
+    ref = bench.forced(REFERENCE, prompts, reference)
+    ref_logprobs = log_softmax(ref.logits)
+    lengths = [len(p) + len(c) - 1 for p, c in zip(prompts, reference, strict=True)]
     bytes16 = bench.kv_bytes_per_token(SIXTEEN_BIT)
     rows = []
     for name in names:
-        logprobs = log_softmax(bench.forced_logits(name, prompts, reference))
-        bench.advance()
-        outputs, records = bench.run(bench.engine(kv_cache_dtype=name), prompts, out)
-        kld, top1 = divergence(ref_logprobs, logprobs)
+        kld = {}
+        for sides in ("kv", "k", "v"):
+            run = bench.forced(name, prompts, reference, sides)
+            bench.advance()
+            kld[sides], top1 = divergence(ref_logprobs, log_softmax(run.logits))
+            if sides == "kv":
+                errors, both_top1 = layer_errors(run, ref, lengths), top1
+        engine = bench.engine(kv_cache_dtype=name)
+        if engine.runner.is_fp8:
+            engine.runner.calibrate_kv_scales(prompts)
+        outputs, records = bench.run(engine, prompts, out)
         nbytes = bench.kv_bytes_per_token(name)
-        rows.append([name, nbytes, ratio(bytes16, nbytes), GIB // nbytes,
-                     statistics.fmean(kld), percentile(kld, 99.9), 100 * statistics.fmean(top1),
+        worst = max(range(len(errors)), key=lambda i: sum(errors[i]))
+        rows.append([name, nbytes, ratio(bytes16, nbytes), int(GIB // nbytes),
+                     statistics.fmean(kld["kv"]), percentile(kld["kv"], 99.9),
+                     100 * statistics.fmean(both_top1),
                      first_divergence(reference, [o.token_ids for o in outputs]),
+                     statistics.fmean(kld["k"]), statistics.fmean(kld["v"]),
+                     statistics.fmean(e[0] for e in errors),
+                     statistics.fmean(e[1] for e in errors), f"L{worst}",
                      1e3 * median_decode_s(records)])
     return summarize(rows)
 

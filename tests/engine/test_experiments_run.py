@@ -75,7 +75,7 @@ def test_forced_logits_reproduce_the_engines_greedy_tokens(bench):
     engine = bench.engine(kv_cache_dtype="bfloat16")
     outs = [engine.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0]
             for p, n in zip(prompts, (6, 3), strict=True)]
-    logits = bench.forced_logits("bfloat16", prompts, [o.token_ids for o in outs])
+    logits = bench.forced("bfloat16", prompts, [o.token_ids for o in outs]).logits
     assert [len(x) for x in logits] == [6, 3]
     for x, out in zip(logits, outs, strict=True):
         assert x.argmax(-1).tolist() == out.token_ids
@@ -84,15 +84,42 @@ def test_forced_logits_reproduce_the_engines_greedy_tokens(bench):
 def test_kv_formats_the_32_bit_row_is_exact_and_fewer_bits_diverge_more(bench):
     r = measure(bench, "kv-formats")
     rows = {row[0]: dict(zip(r.columns, row, strict=True)) for row in r.rows}
-    ref, half, fp8 = rows["float32"], rows["bfloat16"], rows["fp8"]
-    assert ref["KLD mean"] == 0 and ref["KLD p99.9"] == 0 and ref["top-1 %"] == 100
-    assert ref["first divergence"] == "-"
-    assert 0 < half["KLD mean"] < fp8["KLD mean"]
-    assert half["KLD mean"] <= half["KLD p99.9"]
-    assert (ref["bytes/token"], half["bytes/token"], fp8["bytes/token"]) == (4096, 2048, 1024)
-    assert (half["capacity x"], fp8["capacity x"]) == (1, 2)
-    assert fp8["tokens/GiB"] == 2**30 // 1024
-    assert "fp8: KLD" in r.verdict and "float32, the check: KLD 0," in r.verdict
+    assert list(rows) == ["float32", "bfloat16", "fp8", "fp8_per_head", "int8_per_token_head",
+                          "int4_per_token_head", "kivi4", "kivi2"]
+    ref = rows["float32"]
+    for column in ("KLD mean", "KLD p99.9", "K-only KLD", "V-only KLD", "K err", "V err"):
+        assert ref[column] == 0, column
+    assert ref["top-1 %"] == 100 and ref["first divergence"] == "-"
+    kld = {name: row["KLD mean"] for name, row in rows.items()}
+    assert 0 < kld["bfloat16"] < kld["int8_per_token_head"] < kld["int4_per_token_head"]
+    assert kld["kivi4"] < kld["kivi2"]
+    for name, row in rows.items():
+        if name != "float32":  # each side alone costs something
+            assert row["K-only KLD"] > 0 and row["V-only KLD"] > 0
+            assert row["K err"] > 0 and row["V err"] > 0
+            assert row["KLD mean"] <= row["KLD p99.9"]
+    assert [rows[n]["bytes/token"] for n in ("float32", "bfloat16", "fp8")] == [4096, 2048, 1024]
+    assert rows["fp8"]["capacity x"] == 2 and rows["fp8"]["tokens/GiB"] == 2**30 // 1024
+    assert rows["kivi2"]["bytes/token"] < rows["int4_per_token_head"]["bytes/token"]
+    assert "int8_per_token_head: KLD" in r.verdict and "float32, the check: KLD 0," in r.verdict
+
+
+def test_one_side_quantized_leaves_the_other_exactly_as_full_precision(bench):
+    from kvscope.lab.experiments.kv_sides import layer_errors
+
+    prompts = [bench.prompt(40, seed=1), bench.prompt(21, seed=2)]
+    tokens = [[5, 6, 7], [8, 9]]
+    ref = bench.forced("float32", prompts, tokens)
+    lengths = [42, 22]
+    for sides, exact in (("k", 1), ("v", 0)):
+        run = bench.forced("int4_per_token_head", prompts, tokens, sides)
+        errors = layer_errors(run, ref, lengths)
+        # layer 0's input is the reference's, so its kept side is exact; later layers' inputs
+        # carry the quantized side's error, which stays the larger
+        assert errors[0][exact] == 0, (sides, errors)
+        assert all(e[1 - exact] > 0.01 and e[exact] < e[1 - exact] for e in errors)
+    both = layer_errors(bench.forced("int4_per_token_head", prompts, tokens), ref, lengths)
+    assert all(k > 0.01 and v > 0.01 for k, v in both)
 
 
 def test_block_size_hits_are_whole_blocks(bench):
