@@ -64,6 +64,13 @@ def sizing_line(row, bytes_per_block: int | None = None) -> str:
             f"{row.policy} device pool of {row.pool_blocks:,} blocks)")
 
 
+def blocks_text(blocks: int, bytes_per_block: int | None = None) -> str:
+    """'3 blocks (72 KiB)': blocks copied between the tiers, with their bytes where a block's
+    are known; '3 blocks' otherwise."""
+    text = f"{blocks:,} block{'' if blocks == 1 else 's'}"
+    return f"{text} ({format_bytes(blocks * bytes_per_block)})" if bytes_per_block else text
+
+
 def bytes_moved(row, bytes_per_block: int | None) -> int | None:
     """Bytes copied between the tiers (offloads plus loads); None without a bytes per block."""
     if not bytes_per_block:

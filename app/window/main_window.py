@@ -139,6 +139,9 @@ class MainWindow(QMainWindow):
             panel.clear()
         self.snapshot = None
         self.engine_settings.show(source)
+        settings = source.settings()
+        per_token = settings.get("kv_bytes_per_token")
+        self.timeline.set_block_bytes(per_token and per_token * settings["block_size"])
         self.requests.set_read_only(source.read_only)
         self.composer.set_read_only(source.read_only)
         self.replay_bar.setVisible(not source.live)
@@ -150,7 +153,7 @@ class MainWindow(QMainWindow):
             self.recording_label.setText("")
         ours = source.live and not source.attached  # our engine, live
         self.tree.set_identity(self.model_name if ours else
-                               str(source.settings().get("model") or ""), not source.live)
+                               str(settings.get("model") or ""), not source.live)
         if source.live:
             self.show_frame(source.everything())
             return
