@@ -65,3 +65,26 @@ def test_a_session_from_before_opens_with_zero_host_counters_and_no_bytes(tmp_pa
         assert all(getattr(s.counters, f) == 0 for s in snaps for f in HOST_FIELDS)
         assert snaps[-1].counters.hit_tokens > 0  # the totals the file has are read
         assert r.verify() == []
+
+
+def test_the_lab_on_the_session_reports_bytes_moved_by_its_models_blocks(recorded, capsys):
+    """`kvscope lab SESSION --host-blocks`: a session knows its model's KV bytes, so the tier
+    rows move bytes without --kv-bytes-per-token."""
+    from kvscope.app.cli import main as cli
+    from kvscope.lab import report
+    from kvscope.lab.capacity import format_bytes
+    from kvscope.sessions.lab_input import load_lab_input
+
+    path = recorded[0]
+    with SessionReader(path) as r:
+        block_bytes, bs = r.meta.block_bytes, r.meta.block_size
+    rows, _ = report.run(load_lab_input(path), [8], ["lru"], bs, host_sizes=(32,),
+                         on_row=lambda row: None)
+    tiered = rows[1]
+    assert tiered.host_blocks == 32 and tiered.offloaded_blocks and tiered.loaded_blocks
+    assert cli.main(["lab", str(path), "--block-size", str(bs), "--pool-blocks", "8",
+                     "--host-blocks", "32", "--policy", "lru"]) == 0
+    out = capsys.readouterr().out
+    assert f"bytes moved ({block_bytes:,} a block)" in out
+    assert (f"offloaded {format_bytes(tiered.offloaded_blocks * block_bytes)}, "
+            f"loaded {format_bytes(tiered.loaded_blocks * block_bytes)})") in out
