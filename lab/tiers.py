@@ -70,9 +70,10 @@ def sizing_line(row, bytes_per_block: int | None = None) -> str:
 
 def blocks_text(blocks: int, bytes_per_block: int | None = None) -> str:
     """'3 blocks (72 KiB)': blocks copied between the tiers, with their bytes where a block's
-    are known; '3 blocks' otherwise."""
+    are known; '3 blocks' otherwise (and '0 blocks')."""
     text = f"{blocks:,} block{'' if blocks == 1 else 's'}"
-    return f"{text} ({format_bytes(blocks * bytes_per_block)})" if bytes_per_block else text
+    return f"{text} ({format_bytes(blocks * bytes_per_block)})" if bytes_per_block and blocks \
+        else text
 
 
 def bytes_moved(row, bytes_per_block: int | None) -> int | None:
