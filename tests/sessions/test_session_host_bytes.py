@@ -88,3 +88,25 @@ def test_the_lab_on_the_session_reports_bytes_moved_by_its_models_blocks(recorde
     assert f"bytes moved ({block_bytes:,} a block)" in out
     assert (f"offloaded {format_bytes(tiered.offloaded_blocks * block_bytes)}, "
             f"loaded {format_bytes(tiered.loaded_blocks * block_bytes)})") in out
+
+
+def test_the_run_summary_gives_the_bytes_the_tiers_moved(tiny_model_dir):
+    """`kvscope run`'s summary line of a host tier: blocks and their bytes each way."""
+    import json
+
+    from kvscope.app.cli.run import format_summary
+    from kvscope.lab.capacity import format_bytes
+    from kvscope.lab.workload import parse_workload
+    from kvscope.lab.workload_run import WorkloadRunner, summarize
+
+    engine = make_engine(tiny_model_dir, num_blocks=12, host_blocks=32)
+    block_bytes = engine.runner.kv_cache[:, :, 0].nbytes
+    a, b = list(range(3, 35)), list(range(40, 80))  # 8 and 10 blocks: b evicts a
+    lines = [{"prompt_ids": p, "max_tokens": 2, "ignore_eos": True} for p in (a, b, a)]
+    result = WorkloadRunner(engine, parse_workload("\n".join(map(json.dumps, lines)))).run()
+    off = sum(r.offloaded_blocks for r in engine.step_records)
+    load = sum(r.loaded_blocks for r in engine.step_records)
+    assert off > 1 and load > 1
+    text = format_summary(summarize(engine, result))
+    assert (f"{off} blocks ({format_bytes(off * block_bytes)}) copied there, "
+            f"{load} blocks ({format_bytes(load * block_bytes)}) back, in ") in text
