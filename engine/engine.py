@@ -90,7 +90,7 @@ class Engine:
         return self.manager.pool.num_blocks
 
     @property
-    def kv_bytes_per_token(self) -> int:
+    def kv_bytes_per_token(self) -> float:
         """The KV cache's bytes per token (every layer, K and V): a block's are this times
         block_size (the bytes a host-tier copy moves)."""
         return self.runner.kv_bytes_per_token

@@ -346,5 +346,5 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         offloaded_blocks=sum(s.offloaded_blocks for s in steps),
         loaded_blocks=sum(s.loaded_blocks for s in steps),
         transfer_s=sum(s.transfer_s for s in steps),
-        block_bytes=engine.kv_bytes_per_token * engine.config.block_size,
+        block_bytes=round(engine.kv_bytes_per_token * engine.config.block_size),
     )

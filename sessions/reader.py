@@ -68,14 +68,16 @@ class SessionMeta:
     complete: bool  # closed cleanly; False for a session cut short (e.g. a killed process)
     closed_at: str | None
     recorder_stats: dict | None
-    # the KV cache's bytes per token (every layer, K and V); None: not known (a file from
-    # before it was kept, or an engine that does not say): transfers in blocks only
-    kv_bytes_per_token: int | None = None
+    # the KV cache's bytes per token (every layer, K and V; a fraction for a sub-byte format);
+    # None: not known (a file from before it was kept, or an engine that does not say):
+    # transfers in blocks only
+    kv_bytes_per_token: float | None = None
 
     @property
     def block_bytes(self) -> int | None:
         """A block's KV bytes (what a host-tier copy of it moves); None: not known."""
-        return self.kv_bytes_per_token * self.block_size if self.kv_bytes_per_token else None
+        per_token = self.kv_bytes_per_token
+        return round(per_token * self.block_size) if per_token else None
 
 
 @dataclass

@@ -103,7 +103,7 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
         "started_unix": float, "monotonic_t0": float, "record_text": int, "keyframe_every": int,
         "closed_at": str, "complete": int, "num_steps": int, "num_events": int,
         "recorder_stats": str, "block_hashes": str,
-        "kv_bytes_per_token": int,  # (files from before it: no such column, not known)
+        "kv_bytes_per_token": int,  # (a fraction kept as REAL; files from before it: none)
     }, pk="id")
     db["requests"].create({
         "request_id": int, "parent_id": int, "sample_index": int, "arrival_s": float,

@@ -100,7 +100,7 @@ def _lab(args: argparse.Namespace) -> int:
     trace = load_lab_input(args.trace, args.format, args.limit)
     trace.check_block_size(args.block_size)
     if not per_block and trace.kv_bytes_per_token:  # a session's model
-        per_block = trace.kv_bytes_per_token * args.block_size
+        per_block = round(trace.kv_bytes_per_token * args.block_size)
     groups = trace.groups if groups is None else groups
     if hosts and not report.one_full_group(groups):
         raise TraceError(f"--host-blocks: a host tier with the KV-cache groups "

@@ -141,7 +141,7 @@ class MainWindow(QMainWindow):
         self.engine_settings.show(source)
         settings = source.settings()
         per_token = settings.get("kv_bytes_per_token")
-        self.timeline.set_block_bytes(per_token and per_token * settings["block_size"])
+        self.timeline.set_block_bytes(per_token and round(per_token * settings["block_size"]))
         self.requests.set_read_only(source.read_only)
         self.composer.set_read_only(source.read_only)
         self.replay_bar.setVisible(not source.live)

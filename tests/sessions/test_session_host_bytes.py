@@ -110,3 +110,16 @@ def test_the_run_summary_gives_the_bytes_the_tiers_moved(tiny_model_dir):
     text = format_summary(summarize(engine, result))
     assert (f"{off} blocks ({format_bytes(off * block_bytes)}) copied there, "
             f"{load} blocks ({format_bytes(load * block_bytes)}) back, in ") in text
+
+
+def test_a_fractional_bytes_per_token_reads_back(recorded, tmp_path):
+    """A sub-byte KV format's bytes per token (int4: a fraction) is kept as it is."""
+    import sqlite3
+
+    copy = tmp_path / "frac.kvscope"
+    copy.write_bytes(recorded[0].read_bytes())
+    with sqlite3.connect(copy) as conn:
+        conn.execute("UPDATE session SET kv_bytes_per_token = 0.5625")
+    with SessionReader(copy) as r:
+        assert r.meta.kv_bytes_per_token == 0.5625
+        assert r.meta.block_bytes == round(0.5625 * r.meta.block_size)
