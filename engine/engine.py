@@ -94,9 +94,11 @@ class Engine:
     def num_blocks(self) -> int:
         return self.manager.pool.num_blocks
 
-    def host_counters(self):
-        """The host tier's totals (engine.host_tier.HostCounters), None without a tier."""
-        return self.manager.host_counters() if self.manager.host is not None else None
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """The KV cache's bytes per token (every layer, K and V): a block's are this times
+        block_size (the bytes a host-tier copy moves)."""
+        return self.runner.kv_bytes_per_token
 
     @property
     def num_host_blocks(self) -> int:

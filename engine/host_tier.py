@@ -17,21 +17,9 @@ take it (and overwrite it) before it is read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvscope.engine import events as ev
 from kvscope.engine.block_hash import short_hash
 from kvscope.engine.block_pool import BlockPool
-
-
-@dataclass(frozen=True, slots=True)
-class HostCounters:
-    """The host tier's running totals."""
-
-    hit_tokens: int = 0  # prompt tokens served from host blocks (loaded back)
-    num_offloaded_blocks: int = 0  # device blocks copied to the host when evicted
-    num_loaded_blocks: int = 0  # host blocks copied back into device blocks
-    num_evicted_blocks: int = 0  # host blocks whose hash was dropped to take another
 
 
 class HostTier:
@@ -43,7 +31,7 @@ class HostTier:
         self.offloads: list[tuple[int, int]] = []  # this step: (device block, host block)
         self.loads: list[tuple[int, int]] = []  # this step: (host block, device block)
         self._held: list[int] = []  # host blocks loaded this step, held until the next
-        self.hit_tokens = self.num_offloaded = self.num_loaded = 0
+        self.hit_tokens = self.num_offloaded = self.num_loaded = 0  # (CacheCounters' host_*)
 
     def begin_step(self, step: int) -> None:
         """The previous step's copies are made: its loaded host blocks may be taken again."""
@@ -98,7 +86,3 @@ class HostTier:
         if self.log.enabled:
             self.log.emit(ev.LOADED, step, request_id, (*host_blocks, *device_blocks),
                           hashes=(*map(short_hash, hashes), *map(short_hash, parents)))
-
-    def counters(self) -> HostCounters:
-        return HostCounters(self.hit_tokens, self.num_offloaded, self.num_loaded,
-                            self.pool.num_evicted)

@@ -24,7 +24,7 @@ from kvscope.engine import explain as ex
 from kvscope.engine.admission_misses import explain_admission
 from kvscope.engine.block_hash import ExtraKeys, hash_blocks, root_hash, short_hash
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
-from kvscope.engine.host_tier import HostCounters, HostTier
+from kvscope.engine.host_tier import HostTier
 from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup, group_key
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 
@@ -357,17 +357,16 @@ class KVCacheManager:
         return self.explanations[request_id]
 
     def counters(self) -> CacheCounters:
+        host = self.host
         return CacheCounters(self.hit_tokens, self.query_tokens, self.num_requests_queried,
-                             self.num_requests_hit, self.pool.num_evicted, self.num_cow_copies)
+                             self.num_requests_hit, self.pool.num_evicted, self.num_cow_copies,
+                             *(() if host is None else (host.hit_tokens, host.num_offloaded,
+                                                        host.num_loaded, host.pool.num_evicted)))
 
     def group_counts(self) -> tuple[tuple[int, ...], int]:
         """Blocks held by requests in each group now, and blocks released out of a sliding
         window in this step (a StepRecord's group_blocks and window_freed_blocks)."""
         return self.pool.held_by_group(len(self.groups)), self.num_window_freed
-
-    def host_counters(self) -> HostCounters:
-        """The host tier's totals (all zero without one)."""
-        return HostCounters() if self.host is None else self.host.counters()
 
     def host_tokens(self, request_id: int) -> int:
         """Of the request's cached prompt tokens, those loaded from the host tier."""

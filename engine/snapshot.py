@@ -40,6 +40,13 @@ class CacheCounters(HitRates):
     num_requests_hit: int = 0  # requests with at least one block served from the cache
     num_evicted_blocks: int = 0
     num_cow_copies: int = 0
+    # The host tier (engine.host_tier; all 0 without one): of hit_tokens, those loaded back
+    # from it; device blocks copied to it when evicted; host blocks copied back; host blocks
+    # whose hash it dropped to take another
+    host_hit_tokens: int = 0
+    num_offloaded_blocks: int = 0
+    num_loaded_blocks: int = 0
+    num_host_evicted_blocks: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

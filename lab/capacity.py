@@ -319,13 +319,19 @@ def precision_name(bytes_per_element: int) -> str:
     return {1: "fp8", 2: "16-bit", 4: "fp32"}.get(bytes_per_element, f"{bytes_per_element} B")
 
 
-def format_bytes(n: float) -> str:
-    """Binary units for memory sizes: '128 KiB', '10.00 GiB'."""
+def binary_unit(n: float) -> tuple[str, int]:
+    """The largest binary unit not above n: (its name, its bytes); ("B", 1) below a KiB."""
     for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            value = n / size
-            return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.2f} {unit}"
-    return f"{n:,.0f} B"
+            return unit, size
+    return "B", 1
+
+
+def format_bytes(n: float) -> str:
+    """Binary units for memory sizes: '128 KiB', '10.00 GiB'."""
+    unit, size = binary_unit(n)
+    value = n / size
+    return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.2f} {unit}"
 
 
 # Two shapes for teaching, as their config.json files state them (only the keys used here).

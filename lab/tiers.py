@@ -54,14 +54,26 @@ def multiple(host_blocks: int, pool_blocks: int) -> str:
 
 def sizing_line(row, bytes_per_block: int | None = None) -> str:
     """'a 4x host tier (16,000 blocks) turns 7.0 % hits into 24.0 % (6.1 % from the host;
-    lru device pool of 4,000 blocks)', from a report.Row with a host tier."""
+    lru device pool of 4,000 blocks)', from a report.Row with a host tier; with a block's bytes,
+    the tier's size in bytes and what moved: '; offloaded 1.20 GiB, loaded 300 MiB'."""
     size = f"{row.host_blocks:,} blocks"
+    moved = ""
     if bytes_per_block:
         size += f", {format_bytes(row.host_blocks * bytes_per_block)}"
+        moved = (f"; offloaded {format_bytes(row.offloaded_blocks * bytes_per_block)}, "
+                 f"loaded {format_bytes(row.loaded_blocks * bytes_per_block)}")
     return (f"a {multiple(row.host_blocks, row.pool_blocks)} host tier ({size}, "
             f"{row.host_policy}) turns {100 * row.no_host_hit_ratio:.1f} % hits into "
             f"{100 * row.token_hit_ratio:.1f} % ({100 * row.host_hit_ratio:.1f} % from the host; "
-            f"{row.policy} device pool of {row.pool_blocks:,} blocks)")
+            f"{row.policy} device pool of {row.pool_blocks:,} blocks{moved})")
+
+
+def blocks_text(blocks: int, bytes_per_block: int | None = None) -> str:
+    """'3 blocks (72 KiB)': blocks copied between the tiers, with their bytes where a block's
+    are known; '3 blocks' otherwise (and '0 blocks')."""
+    text = f"{blocks:,} block{'' if blocks == 1 else 's'}"
+    return f"{text} ({format_bytes(blocks * bytes_per_block)})" if bytes_per_block and blocks \
+        else text
 
 
 def bytes_moved(row, bytes_per_block: int | None) -> int | None:

@@ -51,6 +51,7 @@ class Trace:
     requests: list[LabRequest]
     num_unchained_ids: int  # ids seen after more than one different predecessor
     groups: tuple[KVGroup, ...] = ONE_GROUP  # a recorded session's KV-cache groups
+    kv_bytes_per_token: float | None = None  # a recorded session's model's (None: not known)
 
     def check_block_size(self, block_size: int) -> None:
         if block_size <= 0 or self.trace_block % block_size or \

@@ -140,11 +140,11 @@ def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "
     stats = run(mgr, trace, hashes, tpot_s, on_request)
     wall = time.perf_counter() - start
     hit, host_hit, query, requests, requests_hit, rejected, blocks = stats
-    host = mgr.host_counters()
+    c = mgr.counters()
     return WhatIfResult(policy, pool_blocks, block_size, mode, hit, query, requests,
-                        requests_hit, rejected, mgr.pool.num_evicted, blocks, wall, mgr.groups,
-                        host_blocks, host_policy, host_hit, host.num_offloaded_blocks,
-                        host.num_loaded_blocks, host.num_evicted_blocks)
+                        requests_hit, rejected, c.num_evicted_blocks, blocks, wall, mgr.groups,
+                        host_blocks, host_policy, host_hit, c.num_offloaded_blocks,
+                        c.num_loaded_blocks, c.num_host_evicted_blocks)
 
 
 def _sequential(mgr, trace, hashes, tpot_s, on_request):

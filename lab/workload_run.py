@@ -277,11 +277,12 @@ class RunSummary(HitRates):
     num_preemptions: int
     num_steps: int
     # The host tier (None: the engine has none): of hit_tokens, those loaded back from it;
-    # blocks copied there and back; the copies' time
+    # blocks copied there and back; the copies' time; a block's KV bytes (None: not known)
     host_hit_tokens: int | None = None
     offloaded_blocks: int = 0
     loaded_blocks: int = 0
     transfer_s: float = 0.0
+    block_bytes: int | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -345,4 +346,5 @@ def summarize(engine, result: WorkloadResult) -> RunSummary:
         offloaded_blocks=sum(s.offloaded_blocks for s in steps),
         loaded_blocks=sum(s.loaded_blocks for s in steps),
         transfer_s=sum(s.transfer_s for s in steps),
+        block_bytes=round(engine.kv_bytes_per_token * engine.config.block_size),
     )

@@ -1,6 +1,7 @@
 """A recorded session as the cache lab's input: its requests in arrival order (parallel samples
 left out: they share their parent's blocks without a lookup), each with the block chain of its
-prompt as the recorder stored it, and the session's KV-cache groups."""
+prompt as the recorder stored it, the session's KV-cache groups and its KV bytes per token
+(where the file keeps them: the bytes the lab's host tiers move)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
             chains = reader.request_chains()
             requests = [r for r in reader.requests() if r.parent_id is None]
             groups = reader.groups
+            per_token = reader.meta.kv_bytes_per_token
     except SessionError as e:
         raise TraceError(str(e)) from None
     node_of: dict[tuple, int] = {}
@@ -41,4 +43,4 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
         raise TraceError(f"{path}: the session has no requests")
     t0 = lab[0].arrival_s
     lab = [LabRequest(r.arrival_s - t0, r.input_length, r.output_length, r.nodes) for r in lab]
-    return Trace(path.name, "session", block_size, lab, 0, groups)
+    return Trace(path.name, "session", block_size, lab, 0, groups, per_token)

@@ -22,7 +22,7 @@ import sqlite3
 import tempfile
 import urllib.parse
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,16 @@ class SessionMeta:
     complete: bool  # closed cleanly; False for a session cut short (e.g. a killed process)
     closed_at: str | None
     recorder_stats: dict | None
+    # the KV cache's bytes per token (every layer, K and V; a fraction for a sub-byte format);
+    # None: not known (a file from before it was kept, or an engine that does not say):
+    # transfers in blocks only
+    kv_bytes_per_token: float | None = None
+
+    @property
+    def block_bytes(self) -> int | None:
+        """A block's KV bytes (what a host-tier copy of it moves); None: not known."""
+        per_token = self.kv_bytes_per_token
+        return round(per_token * self.block_size) if per_token else None
 
 
 @dataclass
@@ -197,11 +207,12 @@ class SessionReader(Seeking):
         if row is None:
             raise CorruptSessionError(f"{self.path}: damaged session: no metadata row")
         columns = row.keys()  # (`in row` would search the values of a sqlite3.Row)
-        missing = [f.name for f in fields(SessionMeta) if f.name not in columns]
+        missing = [f.name for f in fields(SessionMeta)
+                   if f.name not in columns and f.default is MISSING]
         if missing:
             raise CorruptSessionError(f"{self.path}: damaged session: the metadata lacks "
                                       f"{', '.join(missing)}")
-        d = {f.name: row[f.name] for f in fields(SessionMeta)}
+        d = {f.name: row[f.name] for f in fields(SessionMeta) if f.name in columns}
         d["engine_config"] = self._json(d["engine_config"] or "{}", "metadata engine_config")
         d["machine"] = self._json(d["machine"] or "{}", "metadata machine")
         if d["recorder_stats"]:

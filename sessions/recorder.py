@@ -358,6 +358,7 @@ class Recorder(SessionWriter):
                     model_fingerprint=getattr(loaded, "fingerprint", None),
                     engine_config=json.dumps(config, default=str),
                     block_size=cfg.block_size, num_blocks=engine.num_blocks,
+                    kv_bytes_per_token=getattr(engine, "kv_bytes_per_token", None),
                     machine=json.dumps(_machine()), device=_device(engine),
                     started_at=now_iso(), started_unix=time.time(), monotonic_t0=self._t0,
                     record_text=int(self.record_text), keyframe_every=self.keyframe_every,

@@ -4,7 +4,8 @@ A session is a SQLite file (extension ``.kvscope``). Tables:
 
 - ``session``: one row of metadata (versions, model, engine config, machine, start time, whether
   the recording was closed cleanly, recorder statistics, ``block_hashes``: "keyed" or "raw",
-  see Recorder.stored_hash).
+  see Recorder.stored_hash; ``kv_bytes_per_token``, the KV cache's, since host tiers: a step's
+  transfers in bytes).
 - ``requests``: one row per request: ids, arrival, a digest of the cache salt (never the salt),
   token counts, timings, status and finish reason. Text columns are filled only when the user
   opted in (``record_text=True``).
@@ -102,6 +103,7 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
         "started_unix": float, "monotonic_t0": float, "record_text": int, "keyframe_every": int,
         "closed_at": str, "complete": int, "num_steps": int, "num_events": int,
         "recorder_stats": str, "block_hashes": str,
+        "kv_bytes_per_token": int,  # (a fraction kept as REAL; files from before it: none)
     }, pk="id")
     db["requests"].create({
         "request_id": int, "parent_id": int, "sample_index": int, "arrival_s": float,

@@ -177,7 +177,8 @@ class Seeking:
         """Replay steps cur.step+1 .. step on the cursor; on_step(s) after each step s with its
         block state."""
         first = cur.step + 1
-        totals_cols = list(TOTALS.values())
+        have = set(self._step_columns)  # (totals added since a file was written: 0 there)
+        totals_cols = [c if c in have else "0" for c in TOTALS.values()]
         rows = self._query(f"SELECT step, nct, captured, {', '.join(totals_cols)} FROM steps "
                            "WHERE step BETWEEN ? AND ? ORDER BY step", (first, step))
         events = self._query(f"SELECT {', '.join(schema.EVENT_COLUMNS)} FROM events "

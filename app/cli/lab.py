@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
                    default=["lru"], help="the host tier's eviction policies (default lru)")
     p.add_argument("--kv-bytes-per-token", type=positive_int, default=None, metavar="BYTES",
                    help="the model's KV bytes per token (all layers, K and V): bytes moved "
-                   "between the tiers and host sizes in GiB (else blocks only)")
+                   "between the tiers and host sizes in GiB (else blocks only; a session "
+                   "recorded with them: its model's, for the bytes moved)")
     p.add_argument("--mode", choices=MODES, default="sequential",
                    help="sequential: each request admitted then freed in order; timed: "
                    "arrivals at trace time, held output_length x TPOT (default sequential)")
@@ -98,6 +99,8 @@ def _lab(args: argparse.Namespace) -> int:
         raise TraceError(f"--host-blocks: {e}") from None
     trace = load_lab_input(args.trace, args.format, args.limit)
     trace.check_block_size(args.block_size)
+    if not per_block and trace.kv_bytes_per_token:  # a session's model
+        per_block = round(trace.kv_bytes_per_token * args.block_size)
     groups = trace.groups if groups is None else groups
     if hosts and not report.one_full_group(groups):
         raise TraceError(f"--host-blocks: a host tier with the KV-cache groups "
@@ -124,8 +127,8 @@ def _lab(args: argparse.Namespace) -> int:
         total *= len(groups)
         sizes = sorted({max(1, total // 32), max(1, total // 8), max(1, total // 2)})
     if hosts:
-        moved = "bytes moved" if per_block else "blocks moved (no --kv-bytes-per-token: " \
-            "blocks only)"
+        moved = f"bytes moved ({per_block:,} a block)" if per_block else \
+            "blocks moved (no --kv-bytes-per-token: blocks only)"
         print(f"host tiers: {', '.join(f'{h:,}' for h in hosts)} blocks "
               f"({', '.join(args.host_policy)}); {moved}")
     print(_header(bool(hosts)))

@@ -21,6 +21,7 @@ from kvscope.app.cli.common import (
     shipped_workloads,
     term_interrupts,
 )
+from kvscope.lab.tiers import blocks_text
 from kvscope.lab.workload import load_workload
 from kvscope.lab.workload_run import RunSummary, WorkloadRunner, summarize
 
@@ -141,7 +142,8 @@ def format_summary(s: RunSummary) -> str:
                              f"{s.num_requests_queried} requests reused a cached block)"),
         ("evictions", f"{s.num_evictions} blocks"),
         *([("host tier", f"{s.host_hit_tokens} of the cached tokens loaded back from it; "
-                         f"{s.offloaded_blocks} blocks copied there, {s.loaded_blocks} back, "
+                         f"{blocks_text(s.offloaded_blocks, s.block_bytes)} copied there, "
+                         f"{blocks_text(s.loaded_blocks, s.block_bytes)} back, "
                          f"in {ms(s.transfer_s)}")] if s.host_hit_tokens is not None else []),
         ("preemptions", f"{s.num_preemptions}"),
         ("tokens", f"{s.prompt_tokens} prompt, {s.output_tokens} output"),

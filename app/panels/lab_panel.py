@@ -1,7 +1,9 @@
-"""The Lab panel: pick a trace, pool sizes, policies and mode, run the lab in a worker process
-(progress, Cancel), then the miss-ratio curves, the table of its rows and one verdict line (how
-far LRU is from the ceilings at the largest size replayed). "Open the replay" asks the window to
-show the what-if run of the selected row (or the first size) as a frame source."""
+"""The Lab panel: pick a trace, pool sizes, host tier sizes (none: one tier), policies and mode,
+run the lab in a worker process (progress, Cancel), then the miss-ratio curves, the table of its
+rows (with host tiers, each what-if row again per host size, its hits split by tier) and a
+verdict (how far LRU is from the ceilings at the largest size replayed; what each host tier
+adds there: lab.tiers.sizing_line). "Open the replay" asks the window to show the what-if run of
+the selected row (or the first size, behind the first host size) as a frame source."""
 
 from __future__ import annotations
 
@@ -28,17 +30,20 @@ from kvscope.app.panels.result_view import plot_over_table, result_table
 from kvscope.app.plots.lab import draw_curves
 from kvscope.app.workers.lab import LabJob, LabRun
 from kvscope.engine import policies
+from kvscope.lab import tiers
 from kvscope.lab.report import Row, lab_policies
 from kvscope.lab.whatif import MODES
 
 POLL_MS = 100
 
 COLUMNS = ("policy", "pool blocks", "mode", "token hit", "request hit", "evicted")
+TIER_COLUMNS = ("host blocks", "device hit", "host hit")  # shown when a row has a host tier
 
 
 class LabPanel(QWidget, FrameIndependent):
-    # trace path, pool blocks, block size, policy, first N requests: show the what-if replay
-    open_requested = Signal(str, int, int, str, int)
+    # trace path, pool blocks, block size, policy, first N requests, host blocks: show the
+    # what-if replay
+    open_requested = Signal(str, int, int, str, int, int)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -46,7 +51,7 @@ class LabPanel(QWidget, FrameIndependent):
         self.timer = QTimer(self)
         self.timer.timeout.connect(self._poll)
         self.plot = pg.PlotWidget(background="w")
-        self.table = result_table(COLUMNS)
+        self.table = result_table(COLUMNS + TIER_COLUMNS)
         self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
                               "session and press Run.")
         self.verdict.setWordWrap(True)
@@ -63,6 +68,11 @@ class LabPanel(QWidget, FrameIndependent):
         browse.clicked.connect(self._browse)
         self.sizes_edit = QLineEdit("2000 8000 30000")
         self.sizes_edit.setToolTip("Pool sizes in blocks, separated by spaces")
+        self.host_edit = QLineEdit()
+        self.host_edit.setPlaceholderText("none")
+        self.host_edit.setToolTip("Host tier sizes in blocks behind the pool, separated by "
+                                  "spaces (empty: none): each what-if row again with each, "
+                                  "its hits split by tier (one full-attention group only)")
         self.block_size = QSpinBox(minimum=1, maximum=512, value=16)
         self.block_size.setToolTip("Tokens per block; must divide the trace's block")
         self.limit = QSpinBox(minimum=1, maximum=10**7, value=500)
@@ -86,7 +96,8 @@ class LabPanel(QWidget, FrameIndependent):
         grid = QGridLayout()
         grid.addWidget(self.path_edit, 0, 0, 1, 3)
         grid.addWidget(browse, 0, 3)
-        grid.addLayout(_labelled("pool blocks", self.sizes_edit), 1, 0, 1, 4)
+        grid.addLayout(_labelled("pool blocks", self.sizes_edit), 1, 0, 1, 2)
+        grid.addLayout(_labelled("host blocks", self.host_edit), 1, 2, 1, 2)
         grid.addLayout(_labelled("block size", self.block_size), 2, 0)
         grid.addLayout(_labelled("requests", self.limit), 2, 1, 1, 2)
         grid.addWidget(self.mode, 2, 3)
@@ -112,18 +123,18 @@ class LabPanel(QWidget, FrameIndependent):
         path = self.path_edit.text().strip()
         if not path:
             return "Pick a trace file first."
-        try:
-            sizes = tuple(int(t.replace(",", "").replace("_", ""))
-                          for t in self.sizes_edit.text().split())
-        except ValueError:
+        sizes, hosts = _blocks(self.sizes_edit.text()), _blocks(self.host_edit.text())
+        if sizes is None:
             return f"Pool sizes must be whole numbers of blocks: {self.sizes_edit.text()!r}"
         if not sizes or min(sizes) < 1:
             return "Give at least one pool size of at least 1 block."
+        if hosts is None or (hosts and min(hosts) < 1):
+            return f"Host sizes must be whole numbers of blocks: {self.host_edit.text()!r}"
         policies = tuple(p for p, box in self.policy_boxes.items() if box.isChecked())
         if not policies:
             return "Tick at least one policy."
         return LabJob(path, sizes, policies, self.block_size.value(), self.mode.currentText(),
-                      self.limit.value())
+                      self.limit.value(), tuple(dict.fromkeys(hosts)))
 
     def start(self) -> None:
         job = self.job()
@@ -173,27 +184,45 @@ class LabPanel(QWidget, FrameIndependent):
         if isinstance(job, str):
             self.verdict.setText(job)
             return
-        policy, size = "lru", job.pool_sizes[0]
+        policy, size, host = "lru", job.pool_sizes[0], (job.host_sizes or (0,))[0]
         row = self.table.currentRow()
         if 0 <= row < len(self.rows) and self.rows[row].policy in policies.POLICIES:
-            policy, size = self.rows[row].policy, self.rows[row].pool_blocks
-        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit)
+            r = self.rows[row]
+            policy, size, host = r.policy, r.pool_blocks, r.host_blocks
+        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit, host)
 
     rows: list[Row] = []
 
     def show_result(self, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
         self.rows = list(rows)
-        draw_curves(self.plot.getPlotItem(), lru_curve, rows)
+        draw_curves(self.plot.getPlotItem(), lru_curve, rows,
+                    [r for r in rows if r.host_blocks and r.policy == "lru"])  # LRU + host
         self.table.setRowCount(len(rows))
+        tiered = any(r.host_blocks for r in rows)
+        for j in range(len(COLUMNS), len(COLUMNS) + len(TIER_COLUMNS)):
+            self.table.setColumnHidden(j, not tiered)
         for i, r in enumerate(rows):
             values = (r.policy, f"{r.pool_blocks:,}", r.mode, f"{r.token_hit_ratio:.2%}",
-                      f"{r.request_hit_ratio:.2%}", f"{r.evicted_blocks:,}")
+                      f"{r.request_hit_ratio:.2%}", f"{r.evicted_blocks:,}",
+                      f"{r.host_blocks:,}" if r.host_blocks else "-",
+                      f"{r.device_hit_ratio:.2%}", f"{r.host_hit_ratio:.2%}")
             for j, text in enumerate(values):
                 item = QTableWidgetItem(text)
                 if j:
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(i, j, item)
         self.verdict.setText(verdict(rows))
+        # (a line per host size: the layout would squeeze a wrapped label to one line)
+        self.verdict.setMinimumHeight(self.verdict.heightForWidth(max(self.verdict.width(),
+                                                                      200)))
+
+
+def _blocks(text: str) -> list[int] | None:
+    """Sizes in blocks separated by spaces ("2,000" too); None: not whole numbers."""
+    try:
+        return [int(t.replace(",", "").replace("_", "")) for t in text.split()]
+    except ValueError:
+        return None
 
 
 def _labelled(label: str, widget) -> QHBoxLayout:
@@ -204,7 +233,8 @@ def _labelled(label: str, widget) -> QHBoxLayout:
 
 
 def verdict(rows: list[Row]) -> str:
-    lru = max((r for r in rows if r.policy == "lru"), key=lambda r: r.pool_blocks, default=None)
+    lru = max((r for r in rows if r.policy == "lru" and not r.host_blocks),
+              key=lambda r: r.pool_blocks, default=None)
     inf = next((r for r in rows if r.policy == "infinite"), None)
     if lru is None or inf is None:
         return "No LRU replay in this run."
@@ -213,4 +243,8 @@ def verdict(rows: list[Row]) -> str:
     text = f"LRU at {lru.pool_blocks:,} blocks: {lru.token_hit_ratio:.1%} of prompt tokens hit"
     if best is not None:
         text += f"; the best any policy could do at this size: {best.token_hit_ratio:.1%}"
-    return text + f"; with an unlimited pool: {inf.token_hit_ratio:.1%}."
+    text += f"; with an unlimited pool: {inf.token_hit_ratio:.1%}."
+    hosts = [r for r in rows if r.host_blocks and r.policy == "lru"
+             and r.pool_blocks == lru.pool_blocks]
+    lines = [tiers.sizing_line(r) for r in hosts]
+    return "\n".join([text, *(f"{line[0].upper()}{line[1:]}." for line in lines)])

@@ -2,8 +2,9 @@
 (engine.host_tier), the blocks copied to the host tier (offloaded: evicted device blocks) and
 back from it (loaded: a prefix found on the host) before each step's forward pass, and the time
 those copies took (StepRecord.offloaded_blocks, loaded_blocks, transfer_s; the time on the
-right axis, in ms). Blocks, not bytes: a frame does not carry the KV bytes of a block (a
-recorded session does not know them). A run without a host tier has neither the plot nor its
+right axis, in ms). Where the source knows a block's KV bytes (`set_block_bytes`: the engine's,
+a session's from its metadata) the plot and its readout show bytes; otherwise (a session from
+before they were kept, a trace) blocks. A run without a host tier has neither the plot nor its
 entry in the plots menu, and draws nothing for it per frame."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pyqtgraph as pg
 
 from kvscope.app import palette
 from kvscope.engine.metrics import StepRecord
+from kvscope.lab.capacity import binary_unit
+from kvscope.lab.tiers import blocks_text
 
 TRANSFER_COLOR = "#444444"  # the time, on the right axis (as the batch size on the tokens plot)
 LOADED_COLOR = "#6a3d9a"  # not the active blue: loaded blocks are not the blocks plot's active
@@ -40,7 +43,16 @@ class TransferLines:
                          "copy ms (right axis)", on="transfers")
         self._step_lines_added = False
         self.transfers = np.zeros((0, 3))  # [step]: blocks offloaded, blocks loaded, transfer ms
+        self.block_bytes: int | None = None  # a block's KV bytes (None: not known)
+        self._bytes_unit = ""  # the left axis's, while it shows bytes
         self._show_transfer_series(False)
+
+    def set_block_bytes(self, block_bytes: int | None) -> None:
+        """A block's KV bytes in the run shown (None or 0: not known: blocks only)."""
+        self.block_bytes = block_bytes or None
+        self._bytes_unit = ""
+        self.set_axis_label("transfers")
+        self._redraw()
 
     def _clear_transfers(self) -> None:
         self.transfers = np.zeros((0, 3))
@@ -94,7 +106,15 @@ class TransferLines:
         if top != self._transfer_top:
             self._transfer_top = top
             self.transfer_view.setYRange(0, top, padding=0.05)
-        return [(self.series[name].items[0], self.transfers[:, c])
+        scale = 1.0
+        if self.block_bytes:  # bytes, in the binary unit of the most moved in a step
+            unit, size = binary_unit(self.block_bytes * float(self.transfers[:, :2].max(
+                initial=0)))
+            scale = self.block_bytes / size
+            if unit != self._bytes_unit:
+                self._bytes_unit = unit
+                self.set_axis_label("transfers", f"host {unit}")
+        return [(self.series[name].items[0], self.transfers[:, c] * (scale if c < 2 else 1))
                 for c, name in enumerate(TRANSFER_SERIES)]
 
     def _transfers_readout(self, i: int) -> str:
@@ -102,4 +122,5 @@ class TransferLines:
         if not self.has_host_tier or "transfers" not in self.shown_plots:
             return ""
         off, load, ms = self.transfers[i]
-        return f" · offloaded {int(off)}, loaded {int(load)} in {ms:.3f} ms"
+        return (f" · offloaded {blocks_text(int(off), self.block_bytes)}, "
+                f"loaded {blocks_text(int(load), self.block_bytes)}, {ms:.2g} ms")

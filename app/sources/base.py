@@ -78,7 +78,8 @@ class FrameSource:
         return None
 
     def settings(self) -> dict:
-        """model, num_blocks, block_size, kv_cache_dtype, enable_prefix_caching, policy."""
+        """model, num_blocks, block_size, kv_cache_dtype, enable_prefix_caching, policy;
+        host_blocks and kv_bytes_per_token where known."""
         return {}
 
     def close(self) -> None:

@@ -26,11 +26,13 @@ READ_ONLY = "A what-if lab replay cannot be changed: press Back to live to use t
 
 
 def lab_replay(trace: Trace, pool_blocks: int, block_size: int = 16,
-               policy: str = "lru") -> WhatIfReplay:
-    """The run a LabSource shows, not yet run (a trace without requests: SessionError)."""
+               policy: str = "lru", host_blocks: int = 0) -> WhatIfReplay:
+    """The run a LabSource shows, not yet run (a trace without requests: SessionError);
+    `host_blocks`: a host tier (lru) behind the pool."""
     if not trace.requests:
         raise SessionError(f"{trace.name}: the trace has no requests")
-    return WhatIfReplay(trace, pool_blocks, block_size, policy, keep_events=MAX_EVENTS)
+    return WhatIfReplay(trace, pool_blocks, block_size, policy, keep_events=MAX_EVENTS,
+                        host_blocks=host_blocks)
 
 
 class LabSource(FrameSource):
@@ -45,6 +47,8 @@ class LabSource(FrameSource):
         self.trace, self.pool_blocks, self.block_size, self.policy = (
             trace, pool_blocks, block_size, policy)
         self.name = f"lab: {Path(trace.name).name} at {pool_blocks:,} blocks, {policy}"
+        if replay.host_blocks:
+            self.name += f", host tier {replay.host_blocks:,} blocks"
         self.read_only = READ_ONLY
         self._first = Frame(records=list(replay.records), events=list(replay.events),
                             dead_counts=replay.dead_counts)
@@ -82,7 +86,8 @@ class LabSource(FrameSource):
         return {"model": f"lab: {Path(self.trace.name).name}", "num_blocks": self.pool_blocks,
                 "block_size": self.block_size, "kv_cache_dtype": None,
                 "enable_prefix_caching": True, "policy": self.policy,
-                "host_blocks": self.replay.host_blocks}
+                "host_blocks": self.replay.host_blocks,
+                "kv_bytes_per_token": self.trace.kv_bytes_per_token}
 
 
 class LabOpening(QObject):
@@ -152,7 +157,7 @@ _OPENING: set[LabOpening] = set()
 
 
 def open_lab_source(parent, path: str, limit: int | None, pool_blocks: int, block_size: int,
-                    policy: str, on_ready, on_error) -> LabOpening:
+                    policy: str, on_ready, on_error, host_blocks: int = 0) -> LabOpening:
     """Open a lab replay of a trace or session file without blocking the GUI: it is read and
     replayed on a worker thread under a progress dialog (Cancel stops it and opens nothing);
     `on_ready(LabSource)` when it is done, `on_error(text)` if it failed (a file that does not
@@ -160,7 +165,9 @@ def open_lab_source(parent, path: str, limit: int | None, pool_blocks: int, bloc
     from kvscope.sessions.lab_input import load_lab_input
 
     def make() -> WhatIfReplay:
-        return lab_replay(load_lab_input(path, None, limit), pool_blocks, block_size, policy)
+        return lab_replay(load_lab_input(path, None, limit), pool_blocks, block_size, policy,
+                          host_blocks)
 
-    title = f"Replaying {Path(path).name} at {pool_blocks:,} blocks, {policy}…"
+    host = f", host tier {host_blocks:,} blocks" if host_blocks else ""
+    title = f"Replaying {Path(path).name} at {pool_blocks:,} blocks, {policy}{host}…"
     return LabOpening(parent, make, title, on_ready, on_error)

@@ -82,7 +82,8 @@ class LiveSource(FrameSource):
         if info is None:
             return {}
         return {"model": info.model_name, "num_blocks": info.num_blocks,
-                "block_size": info.block_size, "kv_cache_dtype": info.cache_dtype}
+                "block_size": info.block_size, "kv_cache_dtype": info.cache_dtype,
+                "kv_bytes_per_token": info.kv_bytes_per_token}
 
     def close(self) -> None:
         self.reset()

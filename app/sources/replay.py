@@ -138,7 +138,8 @@ class ReplaySource(FrameSource):
         return {"model": meta.model_name or "?", "num_blocks": meta.num_blocks,
                 "block_size": meta.block_size, "kv_cache_dtype": cfg.get("kv_cache_dtype"),
                 "enable_prefix_caching": cfg.get("enable_prefix_caching"),
-                "policy": cfg.get("eviction_policy"), "host_blocks": self.host_blocks()}
+                "policy": cfg.get("eviction_policy"), "host_blocks": self.host_blocks(),
+                "kv_bytes_per_token": meta.kv_bytes_per_token}
 
     def host_blocks(self) -> int:
         """The host tier's blocks (0: none), as the first step's snapshot holds it (a tier

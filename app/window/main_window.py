@@ -139,6 +139,9 @@ class MainWindow(QMainWindow):
             panel.clear()
         self.snapshot = None
         self.engine_settings.show(source)
+        settings = source.settings()
+        per_token = settings.get("kv_bytes_per_token")
+        self.timeline.set_block_bytes(per_token and round(per_token * settings["block_size"]))
         self.requests.set_read_only(source.read_only)
         self.composer.set_read_only(source.read_only)
         self.replay_bar.setVisible(not source.live)
@@ -150,7 +153,7 @@ class MainWindow(QMainWindow):
             self.recording_label.setText("")
         ours = source.live and not source.attached  # our engine, live
         self.tree.set_identity(self.model_name if ours else
-                               str(source.settings().get("model") or ""), not source.live)
+                               str(settings.get("model") or ""), not source.live)
         if source.live:
             self.show_frame(source.everything())
             return
@@ -176,9 +179,10 @@ class MainWindow(QMainWindow):
         return True
 
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
-                        limit: int) -> bool:
-        """The Lab panel's what-if run, shown like a replay once read and replayed off the GUI
-        thread (progress, Cancel). No such file: False; a bad trace: the banner, once read."""
+                        limit: int, host_blocks: int = 0) -> bool:
+        """The Lab panel's what-if run (with a host tier of `host_blocks`, if any), shown like a
+        replay once read and replayed off the GUI thread (progress, Cancel). No such file:
+        False; a bad trace: the banner, once read."""
         from kvscope.app.sources.lab import open_lab_source
 
         def failed(e) -> None:
@@ -190,7 +194,7 @@ class MainWindow(QMainWindow):
             failed(f"{path}: no such file")
             return False
         self.lab_opening = open_lab_source(self, path, limit, pool_blocks, block_size, policy,
-                                           self.open_source, failed)
+                                           self.open_source, failed, host_blocks)
         return True
 
     def attach_dialog(self) -> AttachDialog:

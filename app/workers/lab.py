@@ -18,10 +18,13 @@ class LabJob:
     block_size: int = 16
     mode: str = "sequential"
     limit: int | None = None  # first N requests only
+    host_sizes: tuple[int, ...] = ()  # host tiers behind each what-if row (lab.tiers)
 
     @property
     def num_rows(self) -> int:
-        return len(self.pool_sizes) * len(self.policies) + 1  # and the infinite cache
+        what_if = sum(p != "belady" for p in self.policies)  # each followed by its host rows
+        return len(self.pool_sizes) * (len(self.policies) + what_if * len(self.host_sizes)) \
+            + 1  # and the infinite cache
 
 
 def _work(job: LabJob, out) -> None:
@@ -32,7 +35,8 @@ def _work(job: LabJob, out) -> None:
         trace = load_lab_input(job.path, None, job.limit)
         trace.check_block_size(job.block_size)
         _, stream = report.run(trace, list(job.pool_sizes), list(job.policies), job.block_size,
-                               job.mode, on_row=lambda row: out.put(("row", row)))
+                               job.mode, on_row=lambda row: out.put(("row", row)),
+                               host_sizes=job.host_sizes)
         out.put(("curve", report.lru_curve(stream, list(job.pool_sizes), trace=trace,
                                            groups=trace.groups)))
     except (ValueError, OSError) as e:  # a TraceError, or belady with windows only

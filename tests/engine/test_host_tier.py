@@ -36,12 +36,12 @@ def test_evicted_blocks_go_to_the_host_and_come_back_as_a_hit():
     assert sorted(off.sources) == sorted(a_blocks)
     assert sorted(off.block_hashes) == sorted(short_hash(h) for h in a_hashes)
     assert sorted(mgr.host.pool.hash_to_block) == sorted(a_hashes)
-    assert mgr.host_counters().num_offloaded_blocks == 2
+    assert mgr.counters().num_offloaded_blocks == 2
     mgr.free(1)
     mgr.begin_step(1)
 
     assert mgr.admit(2, A) == 8  # both full blocks, from the host
-    assert mgr.host_tokens(2) == 8 and mgr.host_counters().hit_tokens == 8
+    assert mgr.host_tokens(2) == 8 and mgr.counters().host_hit_tokens == 8
     events = mgr.events.drain()
     (load,) = [e for e in events if e.kind == ev.LOADED]
     assert list(load.destinations) == mgr.block_table(2)[:2]
@@ -63,7 +63,7 @@ def test_the_host_evicts_by_its_own_policy_and_a_hash_gone_from_both_misses():
     mgr.free(1)  # B's 3 full blocks cached on the device
     mgr.events.drain()
     mgr.admit(2, [7] * 13)  # 4 blocks: 1 free, then B's 3 evicted: 2 of them take A's places
-    assert mgr.host_counters().num_evicted_blocks == 2
+    assert mgr.counters().num_host_evicted_blocks == 2
     (gone,) = kinds(mgr, ev.HOST_EVICTED)
     assert len(gone.blocks) == 2
     mgr.free(2)
@@ -100,7 +100,7 @@ def test_two_device_copies_of_a_hash_evicted_together_make_one_host_copy():
     mgr.free(0)
     mgr.admit(3, list(range(60, 80)))  # 5 blocks: every cached one evicted
     assert not mgr.host.pool.copies and h in mgr.host.pool.hash_to_block
-    assert mgr.host_counters().num_offloaded_blocks == 3  # A's 2 full blocks and [100] * 4
+    assert mgr.counters().num_offloaded_blocks == 3  # A's 2 full blocks and [100] * 4
 
 
 def test_a_request_cancelled_while_its_blocks_load_leaves_no_block_held():
@@ -180,5 +180,5 @@ def test_preemption_with_host_copies_changes_no_token(tiny_llama):
     engine = make(tiny_llama, num_blocks=26, host_blocks=16)
     got = engine.generate(prompts + prompts[:2], params)
     assert sum(r.num_preempted for r in engine.step_records) > 0
-    assert engine.manager.host_counters().num_offloaded_blocks > 0
+    assert engine.counters().num_offloaded_blocks > 0
     assert [o.token_ids for o in got] == want + want[:2]

@@ -235,8 +235,8 @@ class HostMachine(CacheMachine):
         super().teardown()
         self.mgr.begin_step(self.mgr.step + 1)
         assert sum(self.mgr.host.pool.ref_count) == 0
-        c = self.mgr.host_counters()
-        HOST_COPIES.append((c.num_offloaded_blocks, c.num_loaded_blocks, c.num_evicted_blocks))
+        c = self.mgr.counters()
+        HOST_COPIES.append((c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks))
 
 
 HOST_COPIES: list[tuple[int, int, int]] = []  # per run: offloaded, loaded, host-evicted blocks

@@ -1,7 +1,7 @@
 """The Chrome trace of a session with a host tier: a "host transfers" track with a span per step
-that copied blocks (as long as the copies took, at the step's start, before its forward pass)
-and a "host blocks" counter track equal to the replayed host pool; a session without a tier has
-none of it."""
+that copied blocks (as long as the copies took, at the step's start, before its forward pass;
+its args the blocks and bytes moved) and a "host blocks" counter track equal to the replayed
+host pool; a session without a tier has none of it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ def host_session(tmp_path_factory, tiny_model_dir):
     path = tmp_path_factory.mktemp("export_host") / "host.kvscope"
     with Recorder(path, engine):
         drive(engine, max_steps=120)
+    BLOCK_BYTES[path] = engine.runner.kv_cache[:, :, 0].nbytes  # one block, every layer, K, V
     return path
+
+
+BLOCK_BYTES = {}  # session -> a block's KV bytes, measured on the cache tensor
 
 
 def _track(events, name: str) -> int:
@@ -45,8 +49,10 @@ def test_transfer_spans_are_the_steps_copies(tmp_path, host_session):
     forward = {(e["args"]["step"], e["name"]): e for e in events
                if e["ph"] == "X" and e.get("cat") in ("prefill", "decode")}
     for span, rec in zip(spans, copied, strict=True):
-        assert span["args"] == dict(offloaded_blocks=rec.offloaded_blocks,
-                                    loaded_blocks=rec.loaded_blocks, step=rec.step)
+        assert span["args"] == dict(
+            offloaded_blocks=rec.offloaded_blocks, loaded_blocks=rec.loaded_blocks,
+            offloaded_bytes=rec.offloaded_blocks * BLOCK_BYTES[host_session],
+            loaded_bytes=rec.loaded_blocks * BLOCK_BYTES[host_session], step=rec.step)
         assert span["cat"] == "transfer" and span["dur"] == round(rec.transfer_s * 1e6) > 0
         step = steps[f"step {rec.step}"]
         assert span["ts"] == step["ts"] and span["ts"] + span["dur"] <= step["ts"] + step["dur"]

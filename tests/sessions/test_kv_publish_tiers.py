@@ -70,8 +70,8 @@ def test_offload_host_eviction_and_load_back_as_vllm_tier_events():
         ("Removed", "CPU", ["b2"]),
         ("Stored", "CPU", ["b1"], "b0"),
         ("Stored", "GPU", ["a2"], "a1")]
-    host = p.m.host_counters()
-    assert (host.num_offloaded_blocks, host.num_loaded_blocks, host.num_evicted_blocks) == \
+    host = p.m.counters()
+    assert (host.num_offloaded_blocks, host.num_loaded_blocks, host.num_host_evicted_blocks) == \
         (5, 2, 2)
     # what the publisher holds is what the two pools hold
     assert Counter(h for _, h in p.tiers.device.by_block.values()) == hashes_of(p.m.pool)
@@ -158,9 +158,9 @@ def test_the_mirror_of_a_two_tier_engine_holds_its_per_tier_resident_sets(tiny_m
             engine.step()
         m = caught_up()
         assert_tiers(m)
-        host = engine.manager.host_counters()
+        host = engine.counters()
         assert host.num_offloaded_blocks > 20 and host.num_loaded_blocks > 5
-        assert host.num_evicted_blocks > 5 and samples == 4
+        assert host.num_host_evicted_blocks > 5 and samples == 4
         # a hash offloaded and loaded back is resident in both tiers at once
         both = [h for h in mirror_tier(m, "CPU") if m.residency(0, h) == {"GPU", "CPU"}]
         assert both and set(both) == set(mirror_tier(m, "CPU")) & set(mirror_tier(m, "GPU"))
