@@ -95,8 +95,8 @@ class BlockPool:
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
         # When a list (a host tier takes the evicted KV): allocate appends each evicted block's
-        # (block, hash, parent) to it, for the caller to take and clear.
-        self.evicted_keys: list[tuple[int, BlockHash, BlockHash]] | None = None
+        # (block, hash, parent, group) to it, for the caller to take and clear.
+        self.evicted_keys: list[tuple[int, BlockHash, BlockHash, int]] | None = None
 
     @property
     def num_available(self) -> int:
@@ -245,7 +245,7 @@ class BlockPool:
                 b = pop()
                 h = block_hash[b]
                 if keys is not None:
-                    keys.append((b, h, self.parent_hash[b]))
+                    keys.append((b, h, self.parent_hash[b], self.group[b]))
                 if h in copies:
                     self._unregister(b, h)
                 else:
