@@ -186,7 +186,9 @@ class BlockPool:
             setattr(pool, name, keys)
         pool.group = group.tolist()
         pool.group_used = bool(group.any())
-        pool.num_held = np.bincount(group[snap.ref_count > 0], minlength=1).tolist()
+        # (every group a block is in: a take of a cached block counts it in its group)
+        pool.num_held = np.bincount(group[snap.ref_count > 0],
+                                    minlength=int(group.max(initial=0)) + 1).tolist()
         key = pool.block_hash
         if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
             hashed.sort(key=snap.cached_seq.__getitem__)
