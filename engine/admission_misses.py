@@ -26,8 +26,8 @@ def explain_admission(mgr, request_id: int, seq, num_hit: int,
     full = [g for g, group in enumerate(mgr.groups) if group.window is None]
     reach = min((group_hits[g] for g in full), default=None)
     if reach is None:  # windows only: as far as a block of the prompt is cached in each
-        h2b, hashes = mgr.pool.hash_to_block, seq.hashes[: (n - 1) // mgr.block_size]
-        reach = min(max((i + 1 for i, h in enumerate(hashes) if group_key(h, g) in h2b),
+        hashes = seq.hashes[: (n - 1) // mgr.block_size]
+        reach = min(max((i + 1 for i, h in enumerate(hashes) if _cached(mgr, group_key(h, g))),
                         default=0) for g in range(len(mgr.groups)))
     if num_hit < reach:  # a sliding-window group cut what full attention (or the prompt) had
         return _window_cut(mgr, seq, reach, bool(full), group_hits, base)
@@ -59,8 +59,14 @@ def _window_cut(mgr, seq, reach: int, full_attention: bool, group_hits: tuple[in
             key=lambda g: group_hits[g])
     need = mgr.groups[g].blocks_for_hit(mgr.block_size)
     wanted = seq.hashes[max(0, reach - need):reach]
-    found = sum(group_key(h, g) in mgr.pool.hash_to_block for h in wanted)
+    found = sum(_cached(mgr, group_key(h, g)) for h in wanted)
     return ex.MissExplanation(reason=ex.WINDOW_CUT, first_miss_block=base["num_hit_blocks"],
                               cut_by_group=mgr.groups[g].name, reach_blocks=reach,
                               group_blocks_needed=len(wanted), group_blocks_found=found,
                               full_attention=full_attention, **base)
+
+
+def _cached(mgr, key: bytes) -> bool:
+    """Whether a block of either tier holds `key`."""
+    return key in mgr.pool.hash_to_block or (mgr.host is not None
+                                              and key in mgr.host.pool.hash_to_block)

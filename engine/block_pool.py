@@ -96,8 +96,8 @@ class BlockPool:
         self.num_evicted = 0
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
         # When a list (a host tier takes the evicted KV): allocate appends each evicted block's
-        # (block, hash, parent) to it, for the caller to take and clear.
-        self.evicted_keys: list[tuple[int, BlockHash, BlockHash]] | None = None
+        # (block, hash, parent, group) to it, for the caller to take and clear.
+        self.evicted_keys: list[tuple[int, BlockHash, BlockHash, int]] | None = None
         # Called with each block that becomes free without a hash (a KIVI residual's owner).
         self.on_free: Callable[[int], None] | None = None
 
@@ -190,7 +190,9 @@ class BlockPool:
             setattr(pool, name, keys)
         pool.group = group.tolist()
         pool.group_used = bool(group.any())
-        pool.num_held = np.bincount(group[snap.ref_count > 0], minlength=1).tolist()
+        # (every group a block is in: a take of a cached block counts it in its group)
+        pool.num_held = np.bincount(group[snap.ref_count > 0],
+                                    minlength=int(group.max(initial=0)) + 1).tolist()
         key = pool.block_hash
         if len(snap.cached_seq):  # copies of a hash: the earliest registered is the one hit
             hashed.sort(key=snap.cached_seq.__getitem__)
@@ -249,7 +251,7 @@ class BlockPool:
                 b = pop()
                 h = block_hash[b]
                 if keys is not None:
-                    keys.append((b, h, self.parent_hash[b]))
+                    keys.append((b, h, self.parent_hash[b], self.group[b]))
                 if h in copies:
                     self._unregister(b, h)
                 else:

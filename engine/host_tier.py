@@ -9,10 +9,19 @@ hash) before the request's forward pass. The host pool is a `BlockPool` with its
 policy: its evictions drop a hash for good. The chained hashes are the device's, identity
 (model, adapter, salt) included.
 
+KV-cache groups (engine.kv_groups): one host pool serves every group, as vLLM's CPU offloading
+manager keys one pool by (block hash, group) (`make_offload_key`): a host block holds the key the
+device block held (kv_groups.group_key), so an equal hash in two groups is two host blocks, and
+one policy and one size govern the tier, as the device pool is shared by the groups. Offloads
+and loads are emitted per group (`Event.group`), the host blocks taken for them counted in
+that group.
+
 The copies are made by the model runner before the step's forward pass, in this order: this
 step's offloads (they read device blocks before anything overwrites them), then its loads. A
 host block loaded in a step is held until the next step begins, so no offload of that step can
-take it (and overwrite it) before it is read.
+take it (and overwrite it) before it is read; the offloads a load's own device allocation
+causes come after its LOADED event, so a replay, which holds the host blocks at that event,
+holds them before those offloads as the engine did.
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ class HostTier:
         self._held, self.offloads, self.loads = [], [], []
 
     def offload_evicted(self, step: int, request_id: int | None) -> None:
-        """Copy the device blocks just evicted to host blocks (a hash the host holds already
+        """Copy the device blocks just evicted to host blocks (a key the host holds already
         is not copied again). They join the host's queue in the order the device evicted them
         (a chain's tail first, as the device frees it), so the host too evicts a tail before
         its head; when the host cannot take them all (its blocks held this step), it takes
-        the last evicted, the nearest their chains' heads."""
+        the last evicted, the nearest their chains' heads. Each run of one group's blocks is
+        one allocation in that group and one OFFLOADED event."""
         keys, self.device.evicted_keys = self.device.evicted_keys, []
         host = self.pool
         seen, last = set(host.hash_to_block), []  # (two device copies of a hash: one copy)
@@ -53,21 +63,27 @@ class HostTier:
                 seen.add(k[1])
                 last.append(k)
         keys = last[::-1][max(0, len(last) - host.num_available):]
-        if not keys:
-            return
-        got, evicted = host.allocate(len(keys), step)
+        while keys:
+            g = keys[0][3]
+            n = next((i for i, k in enumerate(keys) if k[3] != g), len(keys))
+            self._offload(step, request_id, keys[:n], g)
+            keys = keys[n:]
+
+    def _offload(self, step: int, request_id: int | None, keys: list, group: int) -> None:
+        host = self.pool
+        got, evicted = host.allocate(len(keys), step, group)
         if evicted:
-            self.log.emit(ev.HOST_EVICTED, step, request_id, evicted)
-        for b, (_, h, parent) in zip(got, keys, strict=True):
+            self.log.emit(ev.HOST_EVICTED, step, request_id, evicted, group=group)
+        for b, (_, h, parent, _) in zip(got, keys, strict=True):
             host.cache(b, h, parent, parent in self.device.chain_roots)
         host.release(got, step)
-        sources = [b for b, _, _ in keys]
+        sources = [k[0] for k in keys]
         self.offloads += zip(sources, got, strict=True)
         self.num_offloaded += len(got)
         if self.log.enabled:
             self.log.emit(ev.OFFLOADED, step, request_id, (*sources, *got),
-                          hashes=(*(short_hash(h) for _, h, _ in keys),
-                                  *(short_hash(p) for _, _, p in keys)))
+                          hashes=(*(short_hash(k[1]) for k in keys),
+                                  *(short_hash(k[2]) for k in keys)), group=group)
 
     def hold(self, step: int, host_blocks: list[int]) -> None:
         """Hold host blocks about to be loaded until the next step (before the device blocks
@@ -76,13 +92,15 @@ class HostTier:
         self._held += host_blocks
 
     def load(self, step: int, request_id: int, host_blocks: list[int], device_blocks: list[int],
-             hashes: list[bytes], parents: list[bytes], first: bool) -> None:
-        """Register `device_blocks` (fresh, held by the request) under the hashes the (held)
-        host blocks hold, and queue the copies; `first`: the first of them opens its chain."""
-        for i, (b, h, p) in enumerate(zip(device_blocks, hashes, parents, strict=True)):
+             keys: list[bytes], parents: list[bytes], first: bool, group: int = 0) -> None:
+        """Register `device_blocks` (fresh, held by the request, of `group`) under the keys the
+        (held) host blocks hold, and queue the copies; `first`: the first of them opens its
+        chain."""
+        for i, (b, h, p) in enumerate(zip(device_blocks, keys, parents, strict=True)):
             self.device.cache(b, h, p, first and i == 0)
         self.loads += zip(host_blocks, device_blocks, strict=True)
         self.num_loaded += len(host_blocks)
         if self.log.enabled:
             self.log.emit(ev.LOADED, step, request_id, (*host_blocks, *device_blocks),
-                          hashes=(*map(short_hash, hashes), *map(short_hash, parents)))
+                          hashes=(*map(short_hash, keys), *map(short_hash, parents)),
+                          group=group)

@@ -12,6 +12,12 @@ KV-cache groups (`kvscope.engine.kv_groups`): a request has one block table per 
 drawing from the one pool; hashes are stored per group; a sliding-window group releases the
 blocks that leave its window (a NULL stays in the table) and a hit is the length every group
 accepts, as vLLM's HybridKVCacheCoordinator computes it.
+
+A host tier (`kvscope.engine.host_tier`) widens every lookup: a (group, hash) is cached when a
+device block or a host block holds it, the device preferred. Each group's hit is its device
+blocks, then the blocks it loads from the host (one split per group, as vLLM loads what follows
+the device's hit from its offloading tier): full attention every block of the prefix, a
+sliding-window group only those of its window at the hit's end.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup, group_key
 from kvscope.engine.snapshot import CacheCounters, PoolState, Snapshot
 
 MAX_KEYS_CHECKED = 16  # extra-key identities compared when explaining a miss
+LOAD = -2  # in a lookup's hit: a block to load from the host tier (never in a block table)
 
 
 @dataclass(slots=True)
@@ -51,9 +58,6 @@ class KVCacheManager:
         """`host_blocks`: a host tier of that many blocks behind the pool (engine.host_tier)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
-        if host_blocks and len(groups) > 1:
-            raise ValueError(f"a host tier with {len(groups)} KV-cache groups is not supported "
-                             "yet (a model with one kind of attention layer only)")
         self.block_size = block_size
         self.groups = tuple(groups) or ONE_GROUP
         # vLLM's lookup order: full-attention groups first (a tight first bound)
@@ -82,8 +86,7 @@ class KVCacheManager:
         keys = self._keys(cache_salt, adapter)
         chain = self._chain(keys, token_ids)
         num_hit, hit, _ = self._lookup(chain, len(token_ids))
-        num_cached = (num_hit + len(self._host_hit(chain[1], num_hit, len(token_ids)))) \
-            * self.block_size
+        num_cached = num_hit * self.block_size
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         return self._admit_cost(hit, num_cached, num_new_tokens) <= self.pool.num_available
 
@@ -106,36 +109,40 @@ class KVCacheManager:
             root = self._recent_keys.get(keys) or root_hash(keys)
             hashes = list(block_hashes) if self.enable_prefix_caching else []
         num_hit, hit, group_hits = self._lookup((root, hashes), len(token_ids))
-        loaded = self._host_hit(hashes, num_hit, len(token_ids))
-        num_cached = (num_hit + len(loaded)) * self.block_size
+        num_cached = num_hit * self.block_size
         if num_new_tokens is None:
             num_new_tokens = len(token_ids) - num_cached
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         if self._admit_cost(hit, num_cached, num_new_tokens) > self.pool.num_available:
             return None
-        tables = []
+        tables, loads = [], []
         for g, group in enumerate(self.groups):
             # As vLLM's add_local_computed_blocks: the hit's blocks before the window are not
-            # taken (nulls in the table); the rest are.
+            # taken (nulls in the table); the rest are, or are loaded from the host after them.
             skip = min(group.skipped_tokens(num_cached) // self.block_size, len(hit[g]))
-            table = [NULL] * skip + hit[g][skip:]
-            taken = [b for b in table if b != NULL]
-            self.pool.take(taken, self.step, hit=True)
+            table = [b for b in [NULL] * skip + hit[g][skip:] if b != LOAD]
+            self.pool.take([b for b in table if b != NULL], self.step, hit=True)
             if table:  # (a table of nulls too: a replay rebuilds it from the event)
                 self.events.emit(ev.CACHE_HIT, self.step, request_id, table, group=g)
             tables.append(table)
-        if loaded:
-            self._load(request_id, loaded, tables[0], root, hashes, num_hit)
-        num_hit += len(loaded)
+            if len(table) < num_hit:
+                loads.append(g)
+        # a token is served from the host when a group loads its block (every group's loads
+        # end at the hit's end: the group that loads most says how many)
+        host_tokens = max((num_hit - len(tables[g]) for g in loads), default=0)
+        if loads:
+            for g, dst in self._load_from_host(request_id, loads, tables, root, hashes,
+                                               num_hit).items():
+                tables[g] += dst
         seq = _Seq(list(token_ids), keys, root, hashes, tables, num_cached, num_hit,
-                   len(loaded) * self.block_size)
+                   host_tokens * self.block_size)
         self.seqs[request_id] = seq
         if count_stats:
             self.query_tokens += len(token_ids)
             self.hit_tokens += num_cached
             self.num_requests_queried += 1
             self.num_requests_hit += bool(num_hit)
-            if loaded:
+            if loads:
                 self.host.hit_tokens += seq.host_tokens
             why = explain_admission(self, request_id, seq, num_hit, group_hits)
             self.explanations[request_id] = why
@@ -144,23 +151,29 @@ class KVCacheManager:
         self.allocate(request_id, num_new_tokens)
         return num_cached
 
-    def _host_hit(self, hashes: list[bytes], num_hit: int, num_tokens: int) -> list[int]:
-        """The host blocks that go on where the device's hit stops (none without a tier)."""
-        if self.host is None:
-            return []
-        return self.host.pool.prefix_hit(hashes[num_hit: (num_tokens - 1) // self.block_size])
-
-    def _load(self, request_id: int, loaded: list[int], table: list[int], root: bytes,
-              hashes: list[bytes], num_hit: int) -> None:
-        """Fresh device blocks for the host blocks the prompt hit, registered under their
-        hashes; the copies are queued (a failed forward withdraws them as its own)."""
-        self.host.hold(self.step, loaded)
-        dst = self._fresh(request_id, len(loaded))
-        end = num_hit + len(loaded)
-        self.host.load(self.step, request_id, loaded, dst, hashes[num_hit:end],
-                       [root, *hashes][num_hit:end], num_hit == 0)
-        table += dst
-        self._registered.setdefault(request_id, []).extend(dst)
+    def _load_from_host(self, request_id: int, loads: list[int], tables: list[list[int]],
+                        root: bytes, hashes: list[bytes], end: int) -> dict[int, list[int]]:
+        """Fresh device blocks for the host blocks each group in `loads` hit, from the end of
+        its table to `end`, registered under their keys; the copies are queued (a failed
+        forward withdraws them as its own). Every group's host blocks are held before any
+        device block is allocated (whose evictions offload to the host), and those offloads
+        are made after the last LOADED event. Returns each group's fresh blocks."""
+        parents, h2b = [root, *hashes], self.host.pool.hash_to_block
+        todo = []
+        for g in loads:
+            start = len(tables[g])
+            keys = [group_key(h, g) for h in hashes[start:end]]
+            todo.append((g, start, keys, [h2b[k] for k in keys]))
+            self.host.hold(self.step, todo[-1][3])
+        loaded = {}
+        for g, start, keys, src in todo:
+            dst = self._fresh(request_id, len(src), g, offload=False)
+            self.host.load(self.step, request_id, src, dst, keys,
+                           [group_key(p, g) for p in parents[start:end]], start == 0, g)
+            loaded[g] = dst
+            self._registered.setdefault(request_id, []).extend(dst)
+        self.host.offload_evicted(self.step, request_id)
+        return loaded
 
     def _admit_cost(self, hit: list[list[int]], num_cached: int, num_new_tokens: int) -> int:
         """Blocks the pool must give up: cached blocks taken by the hit plus fresh ones."""
@@ -169,7 +182,7 @@ class KVCacheManager:
         cost = 0
         for g, group in enumerate(self.groups):
             skip = group.skipped_tokens(num_cached) // bs
-            cost += sum(1 for b in hit[g][skip:] if b != NULL and ref[b] == 0)
+            cost += sum(1 for b in hit[g][skip:] if b == LOAD or b >= 0 and ref[b] == 0)
             cost += max(0, end_blocks - max(skip, len(hit[g])))
         return cost
 
@@ -248,11 +261,11 @@ class KVCacheManager:
         return (num_new_tokens > 0 and offset != 0 and i < len(table) and table[i] != NULL
                 and self.pool.ref_count[table[i]] > 1)
 
-    def _fresh(self, request_id: int, n: int, group: int = 0) -> list[int]:
+    def _fresh(self, request_id: int, n: int, group: int = 0, offload: bool = True) -> list[int]:
         blocks, evicted = self.pool.allocate(n, self.step, group)
         if evicted:
             self.events.emit(ev.EVICTED, self.step, request_id, evicted, group=group)
-            if self.host is not None:
+            if self.host is not None and offload:
                 self.host.offload_evicted(self.step, request_id)
         self.events.emit(ev.ALLOCATED, self.step, request_id, blocks, group=group)
         return blocks
@@ -429,20 +442,35 @@ class KVCacheManager:
         return n, [f[:n] for f in found], tuple(first)
 
     def _prefix_hit(self, hashes: list[bytes], g: int) -> list[int]:
-        """A full-attention group's hit: its cached blocks from the first, up to a miss."""
-        return self.pool.prefix_hit(hashes if not g else (group_key(h, g) for h in hashes))
+        """A full-attention group's hit: its cached blocks from the first, up to a miss (with a
+        host tier: its device blocks, then LOAD for each block the host goes on with)."""
+        keys = hashes if not g else [group_key(h, g) for h in hashes]
+        hit = self.pool.prefix_hit(keys)
+        if self.host is not None:
+            hit += [LOAD] * len(self.host.pool.prefix_hit(keys[len(hit):]))
+        return hit
 
     def _window_hit(self, g: int, hashes: list[bytes], n: int) -> list[int]:
         """As vLLM's SlidingWindowManager.find_longest_cache_hit within the first n blocks: from
         the right, the first run of the blocks the window needs, NULL before it; without one,
-        the run of cached blocks the prompt starts with."""
+        the run of cached blocks the prompt starts with. With a host tier a run is device
+        blocks then LOADs (a host-only block left of a device block starts a new run)."""
         need, h2b = self.groups[g].blocks_for_hit(self.block_size), self.pool.hash_to_block
+        on_host = self.host.pool.hash_to_block if self.host is not None else {}
         run: list[int] = []
+        device = False  # the run has a device block (no LOAD may come left of it)
         for i in range(n - 1, -1, -1):
-            b = h2b.get(group_key(hashes[i], g))
+            k = group_key(hashes[i], g)
+            b = h2b.get(k)
             if b is None:
-                run = []
-                continue
+                if k not in on_host:
+                    run, device = [], False
+                    continue
+                if device:
+                    run, device = [], False
+                b = LOAD
+            else:
+                device = True
             run.append(b)
             if len(run) >= need:
                 return [NULL] * i + run[::-1]

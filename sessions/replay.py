@@ -14,7 +14,7 @@ recorded short hashes (8 bytes): the pool treats them as opaque keys; in KV-cach
 group has its own block tables (NULL where a sliding window released a block). A host tier
 (engine.host_tier) is a second BlockPool under its own policy, driven by its events the same way
 (HOST_EVICTED then OFFLOADED: allocate, cache, release; LOADED: hold until the next step, and
-cache the device blocks).
+cache the device blocks), its keys per group as the device's.
 """
 
 from __future__ import annotations
@@ -159,17 +159,17 @@ class PoolReplay:
             for b in blocks:
                 pool.uncache(b)
         elif kind in ev.HOST_EVENTS:
-            self._apply_host(kind, st, blocks, hashes)
+            self._apply_host(kind, st, blocks, hashes, group)
 
-    def _apply_host(self, kind: str, st: int, blocks: list[int], hashes) -> None:
+    def _apply_host(self, kind: str, st: int, blocks: list[int], hashes, group: int) -> None:
         host, n = self.host, len(blocks) // 2
         if host is None:
             raise ReplayError(f"step {st}: a {kind} event, but the session has no host tier")
-        keys = [_key(h) for h in hashes]
+        keys = [group_key(_key(h), group) for h in hashes]
         if kind == ev.HOST_EVICTED:
             self._host_evicted = blocks
         elif kind == ev.OFFLOADED:  # device blocks -> host blocks, as HostTier.offload_evicted
-            got, evicted = host.allocate(n, st)
+            got, evicted = host.allocate(n, st, group)
             if got != blocks[n:] or evicted != self._host_evicted:
                 raise ReplayError(f"step {st}: host blocks {blocks[n:]} taken evicting "
                                   f"{self._host_evicted}, but the host tier hands out {got} "

@@ -25,7 +25,7 @@ class ReplaySource(FrameSource):
         self._requests = {}
         # a host tier's loads: request -> (step, blocks loaded in it); and the tokens each
         # request loaded from the host at its first admission (its cached tokens' host part)
-        self._loads: dict[int, tuple[int, int]] = {}
+        self._loads: dict[int, tuple[int, dict[int, int]]] = {}
         self._host_tokens: dict[int, int] = {}
         self._host_blocks: int | None = None
         self._unsent = True
@@ -60,16 +60,19 @@ class ReplaySource(FrameSource):
     def _fold_loads(self, events) -> None:
         """A request's cached tokens loaded from the host tier: the blocks its LOADED events
         copied back in the step of its first ADMITTED (both come from the same admission), as
-        the engine counts RequestMetrics.host_cached_tokens."""
+        the engine counts RequestMetrics.host_cached_tokens (with KV-cache groups: the group
+        that loaded most blocks)."""
         loads, host, bs = self._loads, self._host_tokens, self.reader.meta.block_size
         for e in events:
             rid = e.request_id
             if e.kind == ev.LOADED:
-                st, n = loads.get(rid, (e.step, 0))
-                loads[rid] = (e.step, (n if st == e.step else 0) + len(e.blocks) // 2)
+                st, per_group = loads.get(rid, (e.step, {}))
+                per_group = per_group if st == e.step else {}
+                per_group[e.group] = per_group.get(e.group, 0) + len(e.blocks) // 2
+                loads[rid] = (e.step, per_group)
             elif e.kind == ev.ADMITTED and rid not in host:
-                st, n = loads.get(rid, (None, 0))
-                host[rid] = n * bs if st == e.step else 0
+                st, per_group = loads.get(rid, (None, {}))
+                host[rid] = max(per_group.values(), default=0) * bs if st == e.step else 0
 
     def take_frame(self) -> Frame | None:
         """Once: every step record and event, for the timeline and the event log."""

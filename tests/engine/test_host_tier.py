@@ -15,6 +15,7 @@ from kvscope.engine import KVCacheManager, SamplingParams
 from kvscope.engine import events as ev
 from kvscope.engine import explain as ex
 from kvscope.engine.block_hash import short_hash
+from kvscope.engine.kv_groups import NULL, KVGroup, group_key
 
 BS = 4
 A = list(range(10, 19))  # 9 tokens: 2 full blocks and one token
@@ -121,11 +122,88 @@ def test_a_request_cancelled_while_its_blocks_load_leaves_no_block_held():
     assert all(r == 0 for r in mgr.host.pool.ref_count)
 
 
-def test_a_host_tier_refuses_several_kv_groups_in_one_line():
-    from kvscope.engine.kv_groups import KVGroup
+HYBRID = (KVGroup(), KVGroup(window=8))  # a window group needs 2 blocks of 4 before a hit
+P = list(range(200, 217))  # 17 tokens: 4 full blocks and one
 
-    with pytest.raises(ValueError, match="^a host tier with 2 KV-cache groups is not supported"):
-        KVCacheManager(8, BS, groups=(KVGroup(), KVGroup(window=8)), host_blocks=4)
+
+def test_a_hybrid_model_offloads_every_group_and_loads_only_the_window_it_needs():
+    """P is freed (per group its tail first: group 0's 3 2 1 0, then group 1's); Q, a prompt
+    of as many blocks, takes the 2 free ones and evicts P's 8: group 0's 3 2 1, then for
+    group 1's table group 0's 0 and group 1's 3 2 1 0: three runs, three offloads, each in
+    its group. P again hits 16 tokens from the host: full attention loads its 4 blocks, the
+    window group only the 2 in its window at token 16 (positions 2 and 3), nulls before."""
+    mgr = KVCacheManager(10, BS, groups=HYBRID, host_blocks=8)
+    assert mgr.admit(0, P) == 0
+    hashes = mgr.seqs[0].hashes[:4]
+    mgr.free(0)
+    mgr.events.drain()
+    assert mgr.admit(1, list(range(300, 317))) == 0
+    offloads = [(e.group, len(e.sources)) for e in kinds(mgr, ev.OFFLOADED)]
+    assert offloads == [(0, 3), (0, 1), (1, 4)]
+    assert sorted(mgr.host.pool.hash_to_block) == sorted(
+        [*hashes, *(group_key(h, 1) for h in hashes)])
+    assert sorted(mgr.host.pool.group) == [0] * 4 + [1] * 4
+    mgr.free(1)
+    mgr.begin_step(1)
+
+    assert mgr.admit(2, P) == 16
+    assert mgr.host_tokens(2) == 16
+    events = mgr.events.drain()
+    loads = {e.group: e for e in events if e.kind == ev.LOADED}
+    assert {g: len(e.sources) for g, e in loads.items()} == {0: 4, 1: 2}
+    h2b = mgr.host.pool.hash_to_block
+    assert list(loads[1].sources) == [h2b[group_key(h, 1)] for h in hashes[2:]]
+    full, window = mgr.block_tables(2)
+    assert full[:4] == list(loads[0].destinations)
+    assert window[:4] == [NULL, NULL, *loads[1].destinations]
+    assert mgr.pool.hash_to_block[group_key(hashes[3], 1)] == window[3]
+    assert mgr.counters().num_loaded_blocks == 6
+    assert mgr.counters().host_hit_tokens == 16
+
+
+def test_a_hybrid_hit_half_from_each_tier_loads_only_what_the_device_lacks():
+    """R (2 blocks a group) takes the 2 free blocks and evicts group 0's 3 and 2 to the host;
+    P again: full attention has blocks 0 1 on the device and 2 3 on the host, the window group
+    its blocks 2 3 on the device: 16 tokens hit, 8 of them loaded (group 0's 2 blocks)."""
+    mgr = KVCacheManager(10, BS, groups=HYBRID, host_blocks=8)
+    mgr.admit(0, P)
+    hashes = mgr.seqs[0].hashes[:4]
+    device_window = mgr.block_tables(0)[1][2:4]
+    mgr.free(0)
+    mgr.admit(1, list(range(300, 305)))
+    mgr.free(1)
+    mgr.begin_step(1)
+    mgr.events.drain()
+    assert mgr.admit(2, P) == 16
+    assert mgr.host_tokens(2) == 8
+    (load,) = kinds(mgr, ev.LOADED)
+    assert load.group == 0
+    assert list(load.sources) == [mgr.host.pool.hash_to_block[h] for h in hashes[2:]]
+    full, window = mgr.block_tables(2)
+    assert full[2:4] == list(load.destinations)
+    assert window[:4] == [NULL, NULL, *device_window]
+    assert mgr.explain_miss(2).host_hit_blocks == 2
+
+
+def test_a_window_run_never_puts_a_host_block_left_of_a_device_block():
+    """The window group's block 2 on the host only, 3 on the device: one split per group
+    (device blocks, then loaded ones) rules out the run 2 3; the run 1 2 (device, then host)
+    ends the hit at 12, the window group loading block 2."""
+    mgr = KVCacheManager(16, BS, groups=HYBRID, host_blocks=8)
+    mgr.admit(0, P)
+    hashes = mgr.seqs[0].hashes[:4]
+    window = mgr.block_tables(0)[1]
+    mgr.free(0)
+    k2 = group_key(hashes[2], 1)
+    mgr.pool.evicted_keys = [(window[2], k2, group_key(hashes[1], 1), 1)]
+    mgr.pool.uncache(window[2])  # as an eviction of that one block
+    mgr.host.offload_evicted(0, None)
+    assert k2 in mgr.host.pool.hash_to_block and k2 not in mgr.pool.hash_to_block
+    mgr.events.drain()
+    assert mgr.admit(1, P) == 12 and mgr.host_tokens(1) == 4
+    (load,) = kinds(mgr, ev.LOADED)
+    assert load.group == 1 and mgr.block_tables(1)[1][:3] == [NULL, window[1],
+                                                               *load.destinations]
 
 
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)

@@ -1,11 +1,12 @@
 """Random admit / append / fork / free / cancel / reset sequences against the cache manager,
-under each eviction policy, and with a host tier.
+under each eviction policy, with a host tier, and with a host tier and KV-cache groups.
 
 Besides the bookkeeping invariants, a shadow KV store plays the model runner: it performs the
 copy-on-write copies and writes each computed token into its slot. Every request must then read
 back exactly its own tokens through its block table, which is what makes sharing correct.
 """
 
+import dataclasses
 import itertools
 
 from hypothesis import settings
@@ -19,6 +20,8 @@ from hypothesis.stateful import (
 )
 
 from kvscope.engine import KVCacheManager, NoFreeBlocksError
+from kvscope.engine.kv_groups import NULL, ONE_GROUP, KVGroup, group_key
+from kvscope.sessions.replay import PoolReplay
 
 BLOCK_SIZE = 4
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9], [7] * 13, []]
@@ -28,12 +31,14 @@ class CacheMachine(RuleBasedStateMachine):
     policy = "lru"
     host_blocks = 0
     num_device_blocks = 12
+    groups = ONE_GROUP
 
     def __init__(self):
         super().__init__()
         self.num_blocks = self.num_device_blocks
         self.mgr = KVCacheManager(self.num_blocks, BLOCK_SIZE, model_fingerprint="m",
-                                  eviction_policy=self.policy, host_blocks=self.host_blocks)
+                                  eviction_policy=self.policy, host_blocks=self.host_blocks,
+                                  groups=self.groups)
         self.released_at: dict[int, int] = {}  # block -> when it was last released (for lru)
         release, clock = self.mgr.pool.release, itertools.count()
 
@@ -52,9 +57,11 @@ class CacheMachine(RuleBasedStateMachine):
         for src, dst in copies:
             self.kv[dst] = list(self.kv[src])
         seq = self.mgr.seqs[rid]
-        for pos in range(start, seq.num_computed):
-            block = seq.tables[0][pos // BLOCK_SIZE]
-            self.kv[block][pos % BLOCK_SIZE] = seq.token_ids[pos]
+        for table in seq.tables:
+            for pos in range(start, seq.num_computed):
+                block = table[pos // BLOCK_SIZE]
+                if block != NULL:
+                    self.kv[block][pos % BLOCK_SIZE] = seq.token_ids[pos]
 
     @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 3), max_size=6),
           salt=st.sampled_from([None, "tenant-b"]), chunk=st.none() | st.integers(1, 6))
@@ -120,7 +127,7 @@ class CacheMachine(RuleBasedStateMachine):
         mgr, pool = self.mgr, self.mgr.pool
         refs = [0] * self.num_blocks
         for seq in mgr.seqs.values():
-            for b in seq.tables[0]:
+            for b in (b for t in seq.tables for b in t if b != NULL):
                 refs[b] += 1
         assert refs == pool.ref_count
         assert all(refs[b] == 0 for b in pool.free_queue)
@@ -158,11 +165,14 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_reads_its_own_tokens(self):
+        """In each group, every position a later query may attend (a window's: those after
+        the tokens it skips) is in a block holding its token."""
         for seq in self.mgr.seqs.values():
-            assert len(seq.tables[0]) == -(-seq.num_computed // BLOCK_SIZE)
-            for pos in range(seq.num_computed):
-                assert self.kv[seq.tables[0][pos // BLOCK_SIZE]][pos % BLOCK_SIZE] == \
-                    seq.token_ids[pos]
+            for group, table in zip(self.groups, seq.tables, strict=True):
+                assert len(table) == -(-seq.num_computed // BLOCK_SIZE)
+                for pos in range(group.skipped_tokens(seq.num_computed), seq.num_computed):
+                    assert self.kv[table[pos // BLOCK_SIZE]][pos % BLOCK_SIZE] == \
+                        seq.token_ids[pos]
 
     def teardown(self):
         for rid in list(self.mgr.seqs):
@@ -186,7 +196,8 @@ class HostMachine(CacheMachine):
         self.host_kv = [None] * self.host_blocks
         self.seen: list[list[int]] = []  # prompts admitted by admit_and_finish
         self.done = (0, 0)  # offloads and loads of this step already made
-        self.tokens_of: dict = {}  # block hash -> the tokens it stands for
+        self.tokens_of: dict = {}  # (group) key -> the tokens it stands for
+        self.replay = PoolReplay(self.mgr.snapshot(), self.policy)  # driven by the events
 
     def _transfer(self) -> None:
         host = self.mgr.host
@@ -198,7 +209,9 @@ class HostMachine(CacheMachine):
         self.done = (len(host.offloads), len(host.loads))
         for seq in self.mgr.seqs.values():
             for i in range(seq.num_registered):
-                self.tokens_of[seq.hashes[i]] = seq.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+                for g in range(len(self.groups)):
+                    self.tokens_of[group_key(seq.hashes[i], g)] = \
+                        seq.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
 
     @rule()
     def next_step(self):
@@ -231,15 +244,41 @@ class HostMachine(CacheMachine):
         for h, b in pool.hash_to_block.items():
             assert self.host_kv[b] == self.tokens_of[h], (b, h)
 
+    @invariant()
+    def the_events_replay_to_the_same_pools(self):
+        """Both pools and every table rebuilt from the events alone (as a session's replay)."""
+        mgr, replay = self.mgr, self.replay
+        for e in mgr.events.drain():
+            replay.apply_event(e)
+        replay.end_step(mgr.step, mgr.num_computed(), dataclasses.asdict(mgr.counters()))
+        assert replay.snapshot().equals(mgr.snapshot())
+
     def teardown(self):
         super().teardown()
         self.mgr.begin_step(self.mgr.step + 1)
         assert sum(self.mgr.host.pool.ref_count) == 0
         c = self.mgr.counters()
-        HOST_COPIES.append((c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks))
+        (GROUP_HOST_COPIES if len(self.groups) > 1 else HOST_COPIES).append(
+            (c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks))
 
 
 HOST_COPIES: list[tuple[int, int, int]] = []  # per run: offloaded, loaded, host-evicted blocks
+GROUP_HOST_COPIES: list[tuple[int, int, int]] = []  # the same, with two KV-cache groups
+
+
+class GroupHostMachine(HostMachine):
+    """The host tier behind a hybrid model: full attention and a 6-token window (it needs 2
+    blocks before a hit; its blocks leave the table mid-request), one shared host pool keyed
+    by (group, hash): every copy's tokens checked, both pools replayed from the events."""
+
+    groups = (KVGroup(), KVGroup(window=6))
+    host_blocks, num_device_blocks = 5, 10
+
+    @invariant()
+    def the_host_keeps_each_groups_key_in_that_group(self):
+        pool = self.mgr.host.pool
+        for k, b in pool.hash_to_block.items():
+            assert pool.group[b] == (k[-1] if len(k) == 33 else 0)
 
 
 TOTAL_OPS: list[int] = []
@@ -263,6 +302,9 @@ class LfuMachine(CacheMachine):
 for _m in (FifoMachine, LfuMachine):
     _m.TestCase.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
 HostMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=100, deadline=None)
+GroupHostMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=100,
+                                              deadline=None)
+TestGroupHostMachine = GroupHostMachine.TestCase
 TestFifoMachine, TestLfuMachine = FifoMachine.TestCase, LfuMachine.TestCase
 TestHostMachine = HostMachine.TestCase
 
@@ -278,8 +320,12 @@ def test_enough_operations_ran():
     assert sum(TOTAL_OPS) >= MIN_OPS, sum(TOTAL_OPS)
 
 
-def test_the_host_machine_offloads_loads_and_evicts_on_the_host():
-    """The checks above saw every kind of host copy (not a tier that stayed idle)."""
+def test_the_host_machines_offload_load_and_evict_on_the_host():
+    """The checks above saw every kind of host copy (not a tier that stayed idle), with one
+    KV-cache group and with two."""
     if not HOST_COPIES:
         TestHostMachine("runTest").runTest()
-    assert all(sum(c[k] for c in HOST_COPIES) > 0 for k in range(3)), HOST_COPIES
+    if not GROUP_HOST_COPIES:
+        TestGroupHostMachine("runTest").runTest()
+    for copies in (HOST_COPIES, GROUP_HOST_COPIES):
+        assert all(sum(c[k] for c in copies) > 0 for k in range(3)), copies

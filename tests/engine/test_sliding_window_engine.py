@@ -88,3 +88,35 @@ def test_the_window_changes_the_tokens(windowed):
         layer.self_attn.attn.window = None
     full = Engine(loaded, EngineConfig(block_size=BS, num_blocks=64)).generate([p], PARAMS)[0]
     assert full.token_ids != hf_greedy(hf, p, 16)
+
+
+@pytest.fixture(scope="module", params=["qwen2_window_layers", "gemma2_window"])
+def hybrid(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    return folder, build_tiny_model(request.param, folder)
+
+
+@pytest.mark.parametrize("fillers, cached, host", [((), 36, 0), ((48, 48), 36, 36),
+                                                   ((36,), 36, 8)],
+                         ids=["device", "host", "half"])
+def test_a_host_tier_on_a_hybrid_model_gives_transformers_tokens(hybrid, fillers, cached,
+                                                                   host):
+    """Two KV-cache groups (full attention, a 6-token window) and a host tier: A (40 tokens)
+    runs and is freed on a 32-block pool; the fillers evict none, all or some of its blocks
+    (both groups') to the host; B shares A's first 37 tokens and hits 36 of them from the
+    device, from the host, or both. Its tokens are transformers' and the host tier's off."""
+    _, hf = hybrid
+    a = prompt(40, seed=1)
+    b = a[:37] + prompt(6, seed=2)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    outs = []
+    for host_blocks in (64, 0):
+        engine = make(hybrid, num_blocks=32, host_blocks=host_blocks)
+        assert len(engine.runner.groups) == 2
+        for p in (a, *(prompt(n, seed=3 + i) for i, n in enumerate(fillers))):
+            engine.generate([p], params)
+        outs.append(engine.generate([b], params)[0])
+    on, off = outs
+    assert (on.num_cached_tokens, on.metrics.host_cached_tokens) == (cached, host)
+    assert on.token_ids == off.token_ids == hf_greedy(hf, b, 8)
+    assert check_pool(engine).num_active_blocks == 0

@@ -88,7 +88,7 @@ def test_host_tier_and_cow_keep_scales_with_the_blocks(loaded):
         one = small.generate([prompt], PARAMS)[0].token_ids
         small.generate([random_prompt(40, seed=9)], PARAMS)  # evicts the first to the host
         again = small.generate([prompt], PARAMS)[0]
-        assert again.token_ids == one and small.host_counters().num_loaded_blocks > 0
+        assert again.token_ids == one and small.counters().num_loaded_blocks > 0
 
 
 # Bytes per token by hand: (layers, KV heads, head_dim) and, per format, the sum written out:

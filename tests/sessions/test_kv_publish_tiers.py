@@ -60,12 +60,13 @@ def test_offload_host_eviction_and_load_back_as_vllm_tier_events():
     # a again: a0, a1 are loaded back from the host (GPU stores; the host keeps its copies), a2
     # is recomputed. Held for the load, a0 and a1 leave one host block: of b3 and b2 (evicted
     # tail first) the host takes the last evicted, b2, into a2's place (a host eviction), b3 is
-    # dropped; then b1 takes b2's place. Each CPU store names its parent, still on the device
+    # dropped; then b1 takes b2's place. Each CPU store names its parent, still on the device.
+    # The offloads the load's own allocation causes come after its GPU store (HostTier).
     assert p.read(p.run(p.m.admit, 3, a)) == [
         ("Removed", "GPU", ["b3", "b2"]),
+        ("Stored", "GPU", ["a0", "a1"], None),
         ("Removed", "CPU", ["a2"]),
         ("Stored", "CPU", ["b2"], "b1"),
-        ("Stored", "GPU", ["a0", "a1"], None),
         ("Removed", "GPU", ["b1"]),
         ("Removed", "CPU", ["b2"]),
         ("Stored", "CPU", ["b1"], "b0"),

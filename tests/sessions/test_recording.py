@@ -32,16 +32,18 @@ def record(tmp_path, model_dir, name="run.kvscope", policy="lru", host_blocks=0,
 
 
 @pytest.mark.parametrize("model,keyframe_every", [("llama", 7), ("llama", 10_000),
-                                                   ("hybrid", 7), ("host", 7)])
+                                                   ("hybrid", 7), ("host", 7),
+                                                   ("hybrid-host", 7)])
 def test_every_replayed_step_equals_the_live_snapshot(tmp_path, request, model, keyframe_every):
     """hybrid: full-attention and sliding-window layers, two KV-cache groups (the window
     releases blocks mid-request: out_of_window events; group 1's tables have nulls). host: a
-    host tier behind the pool (blocks loaded back from it are registered on the device)."""
-    model_dir = request.getfixturevalue("hybrid_model_dir" if model == "hybrid" else
+    host tier behind the pool (blocks loaded back from it are registered on the device).
+    hybrid-host: both (the host tier takes and gives back blocks of each group)."""
+    model_dir = request.getfixturevalue("hybrid_model_dir" if "hybrid" in model else
                                         "tiny_model_dir")
     engine, live, path, rec = record(tmp_path, model_dir, keyframe_every=keyframe_every,
                                      keyframe_budget=1.0,  # exactly every K steps
-                                     host_blocks=24 if model == "host" else 0)
+                                     host_blocks=24 if "host" in model else 0)
     status = rec.status()
     assert status.error is None and status.steps_written == len(live) == engine.num_steps
     with SessionReader(path) as s:
@@ -55,11 +57,14 @@ def test_every_replayed_step_equals_the_live_snapshot(tmp_path, request, model, 
             assert s.events_at(step) == [e for st, e in published if st == step]
         live = [stored(x, rec) for x in live]  # hashes as this file stores them
         kinds = {e.kind for _, e in published}
-        want = set(ev.BLOCK_EVENTS) - ({ev.OUT_OF_WINDOW} if model != "hybrid" else set())
-        if model == "host":
+        want = set(ev.BLOCK_EVENTS) - ({ev.OUT_OF_WINDOW} if "hybrid" not in model else set())
+        if "host" in model:
             want |= set(ev.HOST_EVENTS)
         assert want <= kinds, want - kinds  # all exercised
-        if model == "hybrid":
+        if model == "hybrid-host":
+            assert {(e.kind, e.group) for _, e in published if e.kind in ev.HOST_EVENTS} >= {
+                (ev.OFFLOADED, 0), (ev.OFFLOADED, 1), (ev.LOADED, 0), (ev.LOADED, 1)}
+        if "hybrid" in model:
             assert {e.group for _, e in published} == {0, 1}
             assert any(-1 in t for x in live for g in x.more_tables for t in g.values())
         assert {ev.PREEMPTED, ev.CANCELLED, ev.REJECTED} <= kinds
