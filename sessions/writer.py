@@ -243,7 +243,7 @@ class SessionWriter:
         snap = raw.snapshot()
         if not self.raw_hashes:
             key = self.stored_hash
-            for pool in (snap, snap.host) if snap.host is not None else (snap,):
+            for pool in snap.tiers():
                 for name in ("block_hash", "parent_hash"):
                     a = getattr(pool, name)
                     setattr(pool, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))
