@@ -19,6 +19,7 @@ from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, explain_group
 from kvscope.app.panels.pool_host import HOST_TIP, TIER_TIP, describe_host_block, lower_cell
 from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.selection import Selection
+from kvscope.sessions.kv_events.slots import forms_text
 
 HOW_TO_READ = (
     "Each cell of the block pool is one physical KV block "
@@ -129,7 +130,8 @@ class DetailsPanel(QWidget):
         if found is not None:
             tier, block = found
             body = describe_host_block(snap, cells[0]) + "<br>" + (
-                TIER_TIP if tier.medium else HOST_TIP)
+                f"The {tier.medium} tier: {forms_text(tier.forms)}. {TIER_TIP}" if tier.medium
+                else HOST_TIP)
             last = int(tier.last_use[block])
             if last >= 0:
                 body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
