@@ -130,6 +130,7 @@ class Event:
     detail: str = ""  # for people: the event log and exports show it
     values: tuple = ()  # the kind's named values (VALUES): read them by name
     group: int = 0  # block events: the KV-cache group whose table the blocks are in
+    medium: str = ""  # block events of an attached server's tier below its GPU: its medium
 
     def _value(self, name: str):
         names = VALUES.get(self.kind, ())

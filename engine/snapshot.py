@@ -86,8 +86,14 @@ class Snapshot:
     block_group: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     more_tables: tuple[dict[int, np.ndarray], ...] = ()
     # The host tier (engine.host_tier): its pool as a snapshot of its own (no tables; ACTIVE:
-    # held while it is loaded from; its counters count its evictions); None: no host tier
+    # held while it is loaded from; its counters count its evictions); None: no host tier.
+    # An attached server's tiers below its GPU's hang one under another (GPU -> CPU -> STORAGE):
+    # see `tiers`.
     host: Snapshot | None = None
+    # An attached server's tier: vLLM's medium ("GPU", "CPU", "STORAGE"; "" for an engine's own
+    # pools) and the forms of its stores seen (kv_events.mirror: "placeholder", "self-describing")
+    medium: str = ""
+    forms: tuple[str, ...] = ()
 
     # The counters' totals, as before they were grouped.
     hit_tokens = property(lambda self: self.counters.hit_tokens)
@@ -102,6 +108,14 @@ class Snapshot:
     @property
     def num_blocks(self) -> int:
         return len(self.state)
+
+    def tiers(self) -> list[Snapshot]:
+        """This pool and each tier below it (`host`, its `host`, ...), top first."""
+        out, s = [], self
+        while s is not None:
+            out.append(s)
+            s = s.host
+        return out
 
     def tables_of(self, request_id: int) -> list[np.ndarray]:
         """The request's block table in each group (NULL: released out of a window)."""
@@ -148,8 +162,7 @@ class Snapshot:
             groups=tuple(groups), block_group=np.array(pool.group, dtype=np.uint8),
             more_tables=tuple({r: np.array(t, dtype=np.int32) for r, t in g.items()}
                               for g in more_tables),
-            host=None if host is None else cls.from_pool(
-                host[0], {}, {}, CacheCounters(num_evicted_blocks=host[1]), step, block_size))
+            host=None if host is None else tier_snapshot(host[0], host[1], step, block_size))
 
     def equals(self, other: Snapshot) -> bool:
         """Field-by-field equality, arrays compared element-wise."""
@@ -169,6 +182,17 @@ class Snapshot:
             elif a != b:
                 return False
         return True
+
+
+def tier_snapshot(pool, num_evicted: int, step: int, block_size: int,
+                  groups: tuple[KVGroup, ...] = ONE_GROUP, medium: str = "",
+                  forms: tuple[str, ...] = ()) -> Snapshot:
+    """A tier below another (a host tier; an attached server's CPU or STORAGE) as a snapshot
+    of its own: no tables; its counters count its evictions."""
+    snap = Snapshot.from_pool(pool, {}, {}, CacheCounters(num_evicted_blocks=num_evicted), step,
+                              block_size, groups)
+    snap.medium, snap.forms = medium, tuple(forms)
+    return snap
 
 
 _NO_HASH = bytes(8)

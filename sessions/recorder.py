@@ -298,6 +298,10 @@ class Recorder(SessionWriter):
         if backlog > self.lag_steps and not self._lagging:
             self._set_lagging(f"{backlog} steps not yet written")
 
+    def keyframe_next(self) -> None:
+        """The next step gets a keyframe (an attached server's tiers changed: slots.layout)."""
+        self._force_kf = True
+
     def _new_group(self, events) -> bool:
         """A block event of a KV group the last keyframe did not have (an attached server's
         group seen for the first time): its replay starts from a keyframe that has it."""

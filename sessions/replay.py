@@ -14,7 +14,9 @@ recorded short hashes (8 bytes): the pool treats them as opaque keys; in KV-cach
 group has its own block tables (NULL where a sliding window released a block). A host tier
 (engine.host_tier) is a second BlockPool under its own policy, driven by its events the same way
 (HOST_EVICTED then OFFLOADED: allocate, cache, release; LOADED: hold until the next step, and
-cache the device blocks), its keys per group as the device's.
+cache the device blocks), its keys per group as the device's. An attached server's tiers below
+its GPU (a keyframe's tiers with a medium) are hash-slot pools of their own, driven by block
+events that name them ("<kind>#CPU").
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import sys
 from kvscope.engine import events as ev
 from kvscope.engine.block_pool import BlockPool, NoFreeBlocksError
 from kvscope.engine.kv_groups import NULL, group_key
-from kvscope.engine.snapshot import CacheCounters, Snapshot
+from kvscope.engine.snapshot import CacheCounters, Snapshot, tier_snapshot
 from kvscope.sessions.errors import ReplayError
-from kvscope.sessions.schema import event_columns, split_kind
+from kvscope.sessions.schema import event_columns, split_kind, split_tier
 
 _BLOCK_EVENTS = frozenset((*ev.BLOCK_EVENTS, *ev.HOST_EVENTS))
 # The packed hashes column holds uint64s in the machine's order: on a little-endian machine its
@@ -42,11 +44,13 @@ class PoolReplay:
     def __init__(self, keyframe: Snapshot, eviction_policy: str = "lru",
                  host_eviction_policy: str = "lru"):
         s = keyframe
-        self.block_size = s.block_size
+        self.block_size, self.medium = s.block_size, s.medium
         self.step = s.step
         self.pool = BlockPool.from_snapshot(s, eviction_policy)
-        self.host = (None if s.host is None else
-                     BlockPool.from_snapshot(s.host, host_eviction_policy))
+        # each tier below: (its keyframe, its pool); an attached server's by their medium
+        self.lower = [(t, BlockPool.from_snapshot(t, host_eviction_policy)) for t in s.tiers()[1:]]
+        self.host = self.lower[0][1] if self.lower else None
+        self.tier_pools = {t.medium: p for t, p in self.lower if t.medium}
         # host blocks held for a load, released when the next step begins (as HostTier does)
         self._held: list[int] = [] if s.host is None else \
             [b for b, n in enumerate(s.host.ref_count.tolist()) for _ in range(n)]
@@ -66,7 +70,9 @@ class PoolReplay:
         new = object.__new__(PoolReplay)
         new.__dict__.update(self.__dict__)
         new.pool = self.pool.clone()
-        new.host = None if self.host is None else self.host.clone()
+        new.lower = [(t, p.clone()) for t, p in self.lower]
+        new.host = new.lower[0][1] if new.lower else None
+        new.tier_pools = {t.medium: p for t, p in new.lower if t.medium}
         new._held, new._host_evicted = self._held[:], self._host_evicted[:]
         new.tables = {r: t[:] for r, t in self.tables.items()}
         new.more = [{r: t[:] for r, t in g.items()} for g in self.more]
@@ -86,33 +92,37 @@ class PoolReplay:
         try:
             for i, kind in enumerate(kinds):
                 n, m = nb[i], nh[i]
+                kind, medium = split_tier(kind) if "#" in kind else (kind, "")
                 kind, group = split_kind(kind) if "@" in kind else (kind, 0)
                 if kind in _BLOCK_EVENTS:
                     st, these = steps[i], blocks[b : b + n].tolist()
-                    if kind == cached and raw is not None and m == 2 * n and not group:
+                    if kind == cached and raw is not None and m == 2 * n and not group \
+                            and not medium:
                         self._cache(these, [raw[8 * j : 8 * j + 8] for j in range(h, h + m)], st)
                     else:
                         rid = rids[i]
                         apply(kind, st, None if rid < 0 else rid, these, hashes[h : h + m],
-                              group)
+                              group, medium)
                 b += n
                 h += m
         except (NoFreeBlocksError, KeyError, IndexError, ValueError) as e:
             raise ReplayError(f"step {st}: {kind} {these} does not replay: {e}") from None
 
     def apply_event(self, e: ev.Event) -> None:
-        self.apply(e.kind, e.step, e.request_id, e.blocks, e.hashes, e.group)
+        self.apply(e.kind, e.step, e.request_id, e.blocks, e.hashes, e.group, e.medium)
 
-    def apply(self, kind: str, st: int, rid: int | None, blocks, hashes=(), group=0) -> None:
+    def apply(self, kind: str, st: int, rid: int | None, blocks, hashes=(), group=0,
+              medium: str = "") -> None:
         """Apply one event (request events change nothing in the pool)."""
         try:
-            self._apply(kind, st, rid, list(blocks), hashes, group)
+            self._apply(kind, st, rid, list(blocks), hashes, group, medium)
         except (NoFreeBlocksError, KeyError, IndexError, ValueError) as e:
             raise ReplayError(f"step {st}: {kind} {blocks} does not replay: {e}") from None
 
     def _apply(self, kind: str, st: int, rid: int | None, blocks: list[int], hashes,
-               group: int = 0) -> None:
-        pool = self.pool
+               group: int = 0, medium: str = "") -> None:
+        """medium: an attached server's tier below its GPU, whose pool the event is of."""
+        pool = self.tier_pools[medium] if medium else self.pool
         if self._held and st > self._held_step:
             self._release_held(st)
         tables = self.more[group - 1] if group else self.tables
@@ -130,12 +140,12 @@ class PoolReplay:
             if len(hashes) != 2 * len(blocks):
                 raise ReplayError(f"step {st}: cached event with {len(hashes)} hashes for "
                                   f"{len(blocks)} blocks")
-            self._cache(blocks, [group_key(_key(h), group) for h in hashes], st)
+            self._cache(blocks, [group_key(_key(h), group) for h in hashes], st, pool)
         elif kind in (ev.CACHE_HIT, ev.FORKED):  # a prefix hit, or a child sharing its parent's
             pool.take([b for b in blocks if b != NULL], st, hit=kind == ev.CACHE_HIT)
             tables[rid] = blocks
         elif kind == ev.FREED:
-            self._release(blocks, st)
+            self._release(blocks, st, pool)
             tables.pop(rid, None)
         elif kind == ev.OUT_OF_WINDOW:  # the table's first blocks, tail first
             self._release(blocks, st)
@@ -189,20 +199,21 @@ class PoolReplay:
         self.host.release(sorted(self._held), st)
         self._held = []
 
-    def _cache(self, blocks: list[int], keys: list[bytes], st: int) -> None:
+    def _cache(self, blocks: list[int], keys: list[bytes], st: int, pool=None) -> None:
         """keys: the blocks' hashes, then their chain parents' (as the pool's keys)."""
-        n, cache = len(blocks), self.pool.cache
+        n, cache = len(blocks), (pool or self.pool).cache
         for b, h, p in zip(blocks, keys[:n], keys[n:], strict=True):
             if not cache(b, h, p):
                 raise ReplayError(f"step {st}: block {b} cached under a hash another block "
                                   "holds")
 
-    def _release(self, blocks: list[int], st: int) -> None:
+    def _release(self, blocks: list[int], st: int, pool=None) -> None:
+        pool = pool or self.pool
         for b in blocks:
-            if self.pool.ref_count[b] <= 0:
+            if pool.ref_count[b] <= 0:
                 raise ReplayError(f"step {st}: block {b} released with ref count "
-                                  f"{self.pool.ref_count[b]}")
-        self.pool.release(blocks, st)
+                                  f"{pool.ref_count[b]}")
+        pool.release(blocks, st)
 
     def end_step(self, step: int, nct: dict[int, int], totals: dict[str, int]) -> None:
         """Close a step: the live requests are those with computed-token counts."""
@@ -222,9 +233,12 @@ class PoolReplay:
                     tables.setdefault(r, [])
 
     def snapshot(self) -> Snapshot:
-        host = None if self.host is None else (self.host, self.host.num_evicted)
-        snap = Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters, self.step,
-                                  self.block_size, self.groups, self.more, host)
+        snap = below = Snapshot.from_pool(self.pool, self.tables, self.nct, self.counters,
+                                          self.step, self.block_size, self.groups, self.more)
+        snap.medium = self.medium
+        for t, pool in self.lower:
+            below.host = below = tier_snapshot(pool, pool.num_evicted, self.step,
+                                               self.block_size, t.groups, t.medium, t.forms)
         if not self._has_seq:  # as the session's own keyframes: without it
             snap.cached_seq = snap.cached_seq[:0]
         return snap

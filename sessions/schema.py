@@ -181,17 +181,28 @@ def event_tuples(events) -> list[tuple]:
     """Events as plain tuples (kind, step, request_id, blocks, time_ns, hashes, detail): cheap
     (~0.1 us each) and, unlike Event objects, dropped by the garbage collector's tracking, so
     holding them until the writer's next batch costs no full collections. A block event of
-    KV-cache group g > 0 has the kind "<kind>@g" (see split_kind)."""
-    return [(e.kind if not e.group else f"{e.kind}@{e.group}", e.step, e.request_id, e.blocks,
-             e.time_ns, e.hashes, e.detail) for e in events]
+    KV-cache group g > 0 has the kind "<kind>@g", one of an attached server's tier below its GPU
+    "<kind>#<medium>" after that (see split_kind)."""
+    return [(e.kind if not e.group and not e.medium else
+             e.kind + (f"@{e.group}" if e.group else "") + (f"#{e.medium}" if e.medium else ""),
+             e.step, e.request_id, e.blocks, e.time_ns, e.hashes, e.detail) for e in events]
 
 
 def split_kind(kind: str) -> tuple[str, int]:
-    """A stored kind -> (kind, KV-cache group): "allocated@1" -> ("allocated", 1)."""
+    """A stored kind -> (kind, KV-cache group): "allocated@1" -> ("allocated", 1) (a tier's
+    medium dropped: see split_tier)."""
+    kind = kind.split("#", 1)[0]
     if "@" not in kind:
         return kind, 0
     kind, group = kind.split("@", 1)
     return kind, int(group)
+
+
+def split_tier(kind: str) -> tuple[str, str]:
+    """A stored kind -> (the kind with its group, the tier's medium): "cached@1#CPU" ->
+    ("cached@1", "CPU"); "" for the top pool's."""
+    kind, _, medium = kind.partition("#")
+    return kind, medium
 
 
 _SEP = "\x1f"  # unit separator: joins the details when none contains it (else JSON)
@@ -275,9 +286,10 @@ def event_of(kind: str, step: int, rid: int | None, blocks: tuple, hashes: tuple
              detail: str) -> ev.Event:
     """An unpacked event tuple (see unpack_events) as the Event the engine published (ValueError:
     a kind this kvscope does not know)."""
+    medium = split_tier(kind)[1]
     kind, group = split_kind(kind)
     return ev.Event(ev.EventKind(kind), step, rid, blocks, time_ns, hashes, detail,
-                    event_values(kind, detail), group)
+                    event_values(kind, detail), group, medium)
 
 
 # ------------------------------------------------------- computed-token deltas
@@ -324,8 +336,8 @@ def encode_keyframe(snap: Snapshot, level: int = 1) -> dict:
     counters.update(zip(CacheCounters.names(), snap.counters.as_tuple(), strict=True))
     row["counters"] = json.dumps(counters)
     row["layout"] = json.dumps(layout)
-    if snap.host is not None:  # the host tier's pool: a keyframe of its own, in one blob
-        row["host"] = msgspec.msgpack.encode(encode_keyframe(snap.host, level))
+    if snap.host is not None:  # the tier below (a host tier's pool): a keyframe of its own,
+        row["host"] = msgspec.msgpack.encode(encode_keyframe(snap.host, level))  # in one blob
     return row
 
 
@@ -340,7 +352,10 @@ def _inflate(blob: bytes, size: int, name: str) -> bytearray:
     return out
 
 
-def decode_keyframe(row: dict) -> Snapshot:
+MAX_TIERS = 4  # pools in a keyframe, one below another (an attached GPU, CPU, STORAGE, ...)
+
+
+def decode_keyframe(row: dict, depth: int = 1) -> Snapshot:
     if row["codec"] != "zlib":
         raise ValueError(f"unknown keyframe codec {row['codec']!r}")
     layout = json.loads(row["layout"])
@@ -369,6 +384,13 @@ def decode_keyframe(row: dict) -> Snapshot:
     nct = decode_nct(row["nct"])
     stored = json.loads(row["counters"])
     scalars = {k: stored[k] for k in _scalar_fields() if k in stored}
+    if "forms" in scalars:  # (JSON keeps the tuple as a list)
+        if not isinstance(scalars["forms"], list) or not all(
+                isinstance(f, str) for f in scalars["forms"]):
+            raise ValueError("keyframe tier forms are not a list of names")
+        scalars["forms"] = tuple(scalars["forms"])
+    if not isinstance(scalars.get("medium", ""), str):
+        raise ValueError("keyframe tier medium is not a name")
     counters = CacheCounters(**{k: stored[k] for k in CacheCounters.names() if k in stored})
     arrays.setdefault("block_group", np.zeros(num_blocks, np.uint8))  # (before groups: all 0)
     groups = tuple(KVGroup(g[0], tuple(g[1]), *g[2:3]) for g in layout.get("groups", ()))
@@ -378,9 +400,9 @@ def decode_keyframe(row: dict) -> Snapshot:
     if host:
         try:
             host = msgspec.msgpack.decode(host)
-            if not isinstance(host, dict) or host.get("host"):
+            if not isinstance(host, dict) or (host.get("host") and depth + 1 >= MAX_TIERS):
                 raise TypeError
-            host = decode_keyframe(host)
+            host = decode_keyframe(host, depth + 1)
         except (msgspec.DecodeError, KeyError, TypeError):
             raise ValueError("keyframe host tier is not a keyframe") from None
     return Snapshot(step=row["step"], block_size=layout["block_size"], block_tables=tables,

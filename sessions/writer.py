@@ -201,7 +201,8 @@ class SessionWriter:
         if event_rows:
             _insert_rows(conn, "events", schema.EVENT_COLUMNS, event_rows)
         if kf_rows:
-            _insert_rows(conn, "keyframes", list(kf_rows[0]), kf_rows)
+            cols = list(dict.fromkeys(c for r in kf_rows for c in r))  # (a tier in some only)
+            _insert_rows(conn, "keyframes", cols, [{c: r.get(c) for c in cols} for r in kf_rows])
         if why_rows:
             _insert_rows(conn, "explanations", list(schema.EXPLANATION_COLUMNS), why_rows)
         conn.execute("COMMIT")
@@ -243,7 +244,7 @@ class SessionWriter:
         snap = raw.snapshot()
         if not self.raw_hashes:
             key = self.stored_hash
-            for pool in (snap, snap.host) if snap.host is not None else (snap,):
+            for pool in snap.tiers():
                 for name in ("block_hash", "parent_hash"):
                     a = getattr(pool, name)
                     setattr(pool, name, np.fromiter(map(key, a.tolist()), np.uint64, len(a)))

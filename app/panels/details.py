@@ -16,9 +16,10 @@ from PySide6.QtWidgets import (
 
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, explain_group
-from kvscope.app.panels.pool_host import HOST_TIP, describe_host_block
+from kvscope.app.panels.pool_host import HOST_TIP, TIER_TIP, describe_host_block, lower_cell
 from kvscope.app.panels.pool_text import describe_block
 from kvscope.app.selection import Selection
+from kvscope.sessions.kv_events.slots import forms_text
 
 HOW_TO_READ = (
     "Each cell of the block pool is one physical KV block "
@@ -121,17 +122,21 @@ class DetailsPanel(QWidget):
                 body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
             self.show_text(f"Block {block}", body)
 
-    def _describe_host_block(self, blocks) -> None:
-        """One block of the host tier picked in the pool: what it holds at this step."""
+    def _describe_host_block(self, cells) -> None:
+        """One block of a tier below the device's picked in the pool (the host tier's; an
+        attached server's CPU or STORAGE): what it holds at this step."""
         snap = self.snapshot
-        if len(blocks) == 1 and snap is not None and snap.host is not None \
-                and blocks[0] < snap.host.num_blocks:
-            block = blocks[0]
-            body = describe_host_block(snap, block) + "<br>" + HOST_TIP
-            last = int(snap.host.last_use[block])
+        found = None if len(cells) != 1 or snap is None else lower_cell(snap, cells[0])
+        if found is not None:
+            tier, block = found
+            body = describe_host_block(snap, cells[0]) + "<br>" + (
+                f"The {tier.medium} tier: {forms_text(tier.forms)}. {TIER_TIP}" if tier.medium
+                else HOST_TIP)
+            last = int(tier.last_use[block])
             if last >= 0:
                 body += f'<br><a href="step:{last}">Show step {last}, which last used it</a>'
-            self.show_text(f"Host block {block}", body)
+            self.show_text(f"{tier.medium} hash slot {block}" if tier.medium else
+                           f"Host block {block}", body)
 
     def _on_link(self, url) -> None:
         if url.scheme() == "step":

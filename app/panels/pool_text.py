@@ -67,8 +67,8 @@ def pool_title(s: Snapshot, evicted: int, form: int = 0, group: int | None = Non
     if len(s.groups) > 1:
         title += "<br>" + groups_line([g.name for g in s.groups],
                                       counts or group_counts(s), group, form)
-    if s.host is not None:
-        title += "<br>" + host_line(s.host)
+    for tier in s.tiers()[1:]:
+        title += "<br>" + host_line(tier)
     return title
 
 

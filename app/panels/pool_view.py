@@ -4,7 +4,8 @@ Selected blocks (the selected request's table, or a clicked block) get an outlin
 ScatterPlotItem of hollow squares: an outline, never a new fill colour; so do the blocks evicted
 during the step shown, in vermilion. Cells of 4 px or more are drawn 1 px apart. A model with
 several KV-cache groups gets their marks, a group filter and counts (pool_groups). A host
-tier's pool is a second grid below the device's (pool_host)."""
+tier's pool is a second grid below the device's, an attached server's tiers below its GPU one grid
+each (pool_host)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ from kvscope.app.panels.pool_groups import (
     groups_line,
     mark_index,
 )
-from kvscope.app.panels.pool_host import HOST_TIP, HostGrid, describe_host_block, grid_lines
+from kvscope.app.panels.pool_host import (
+    HOST_TIP,
+    TIER_TIP,
+    HostGrid,
+    TierGrids,
+    describe_host_block,
+    grid_lines,
+)
 from kvscope.app.panels.pool_text import TITLE_TIP, describe_block, pool_title
 from kvscope.app.selection import Selection
 from kvscope.engine.snapshot import Snapshot
@@ -47,7 +55,7 @@ class PoolView(QWidget):
         self.selection = selection or Selection()
         self.selection.request_changed.connect(self._on_selection)
         self.selection.blocks_changed.connect(self._on_selection)
-        self.selection.host_blocks_changed.connect(lambda b: self.host_grid.select(b))
+        self.selection.host_blocks_changed.connect(lambda b: self.tier_grids.select(b))
         self.plot = pg.PlotWidget(background="w", enableMenu=False)
         self.plot.setAspectLocked(True)
         self.plot.hideAxis("left")
@@ -79,7 +87,8 @@ class PoolView(QWidget):
             pen=pg.mkPen(palette.DEAD_OUTLINE, width=2, style=Qt.DashLine))
         self.dead_outline.setZValue(2)
         self.plot.addItem(self.dead_outline)
-        self.host_grid = HostGrid(self.plot)
+        self.tier_grids = TierGrids(self.plot)
+        self.host_grid = self.tier_grids.grids[0]  # the host tier's (the first below)
         self.dead: np.ndarray = np.zeros(0, dtype=np.int64)
         self.title = QLabel("<b>Block pool</b>")
         self.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -122,7 +131,7 @@ class PoolView(QWidget):
         "hash slot", "darker = stored earlier"; physical block ids are not published)."""
         self.cell, self._cached_term = cell, cached
         self.legend.setText(self._legend_html(cached, self.group_filter.groups,
-                                              getattr(self.snapshot, "host", None) is not None))
+                                              _engine_host(self.snapshot)))
         self._describe_hovered()
 
     @staticmethod
@@ -153,7 +162,7 @@ class PoolView(QWidget):
     def clear(self) -> None:
         self.snapshot, self.codes = None, np.zeros(0, dtype=np.uint8)
         self.image.clear()
-        self.host_grid.show(None, self.cols, 0, 0)
+        self.tier_grids.show(None, self.cols, 0, 0)
         self.highlight(None)
         self.show_dead(None)
         self.evicted = np.zeros(0, dtype=np.int64)
@@ -182,7 +191,7 @@ class PoolView(QWidget):
         self._show_host(rows)
         if self.group_filter.set_groups(snap.groups) or resized:  # another model: all groups
             self.legend.setText(self._legend_html(self._cached_term, snap.groups,
-                                                  snap.host is not None))
+                                                  _engine_host(snap)))
             resized = True  # the title's room and lines change
         self.group_layers.show(snap, self.cols, self.group_filter.chosen)
         if resized:
@@ -198,12 +207,12 @@ class PoolView(QWidget):
         self._describe_hovered()  # the block under the mouse, as it is at this step
 
     def _show_host(self, rows: int) -> None:
-        """The host tier's grid below the device's `rows`, the gap as tall as its label."""
-        host = self.snapshot.host
-        host_rows = 0 if host is None else -(-host.num_blocks // self.cols)
+        """The grids of the tiers below the device's `rows`, each gap as tall as its label."""
+        lower = self.snapshot.tiers()[1:]
+        lower_rows = sum(-(-t.num_blocks // self.cols) + 1 for t in lower)
         size = self.plot.size()
-        cell_px = min(size.width() / self.cols, size.height() / max(1, rows + host_rows + 1))
-        self.host_grid.show(host, self.cols, rows, HostGrid.gap_rows(cell_px))
+        cell_px = min(size.width() / self.cols, size.height() / max(1, rows + lower_rows))
+        self.tier_grids.show(self.snapshot, self.cols, rows, HostGrid.gap_rows(cell_px))
 
     def _show_title(self) -> None:
         s = self.snapshot
@@ -215,7 +224,8 @@ class PoolView(QWidget):
             if tip.startswith(TITLE_TIP):  # (not another source's words: attach's)
                 new = TITLE_TIP if not counts else f"{TITLE_TIP}.\n\n" + groups_line(
                     [g.name for g in s.groups], counts, None, 0)  # whatever the form shows
-                new += "" if s.host is None else f".\n\n{HOST_TIP}"
+                new += "" if s.host is None else \
+                    f".\n\n{TIER_TIP if s.host.medium else HOST_TIP}"
                 if new != tip:
                     self.title.setToolTip(new)
             if title != self.title.text():
@@ -259,7 +269,7 @@ class PoolView(QWidget):
         """Show the whole pool (double-click or a new pool size brings this back)."""
         if self.snapshot is not None:
             rows = -(-self.snapshot.num_blocks // self.cols)
-            bottom = max(rows, self.host_grid.bottom if self.host_grid.rows else 0)
+            bottom = max(rows, self.tier_grids.bottom)
             self.plot.setRange(xRange=(0, self.cols), yRange=(0, bottom), padding=0.02)
 
     def _aspect(self) -> float:
@@ -281,8 +291,8 @@ class PoolView(QWidget):
         (x0, x1), _ = vb.viewRange()
         rows = 0 if self.snapshot is None else -(-self.snapshot.num_blocks // self.cols)
         show = rows > 0 and vb.width() / max(1e-9, x1 - x0) >= GAP_MIN_PX
-        host = self.host_grid
-        key = (self.cols, rows, host.top, host.rows) if show else None
+        grids = self.tier_grids.shown
+        key = (self.cols, rows, *((g.top, g.rows) for g in grids)) if show else None
         if key == self._gaps_key:
             return
         self._gaps_key = key
@@ -290,8 +300,8 @@ class PoolView(QWidget):
             self.gaps.setData([], [])
             return
         x, y = grid_lines(self.cols, rows)
-        if host.rows:
-            hx, hy = grid_lines(self.cols, host.rows, host.top)
+        for g in grids:
+            hx, hy = grid_lines(self.cols, g.rows, g.top)
             x, y = np.concatenate([x, hx]), np.concatenate([y, hy])
         self.gaps.setData(x, y)
 
@@ -333,9 +343,15 @@ class PoolView(QWidget):
         return None
 
     def host_block_at(self, scene_pos) -> int | None:
-        """The host tier's block under a point of the scene (None: not a host cell)."""
+        """The cell of a tier below the device's under a point of the scene, numbered through
+        their grids (None: not such a cell)."""
         p = self.plot.plotItem.vb.mapSceneToView(scene_pos)
-        return self.host_grid.block_at(p.x(), p.y())
+        return self.tier_grids.cell_at(p.x(), p.y())
+
+    def tier_cell_center(self, tier: int, block: int) -> tuple[float, float]:
+        """The view coordinates of a block's cell in the grid of tier `tier` (1: the first below
+        the device's)."""
+        return self.tier_grids.grids[tier - 1].cell_center(block)
 
     def _hint(self) -> str:
         return f"hover a {self.cell} for details"
@@ -378,6 +394,11 @@ class PoolView(QWidget):
             self.selection.select_host_block(host)
 
 
-def _sizes(s: Snapshot) -> tuple[int, int]:
-    """(device blocks, host blocks)."""
-    return s.num_blocks, 0 if s.host is None else s.host.num_blocks
+def _sizes(s: Snapshot) -> tuple[int, ...]:
+    """(device blocks, each lower tier's blocks)."""
+    return tuple(t.num_blocks for t in s.tiers())
+
+
+def _engine_host(s: Snapshot | None) -> bool:
+    """An engine's host tier (not an attached server's tiers) is shown."""
+    return s is not None and s.host is not None and not s.host.medium

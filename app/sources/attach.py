@@ -79,19 +79,21 @@ class AttachSource(FrameSource):
         with s.lock:
             return s.health_short, list(s.health_lines), s.healthy
 
-    def describe_slot(self, slot: int) -> str:
-        """What a hash slot of the pool view holds, as the mirror knows it now."""
+    def describe_slot(self, slot: int, tier: str = "GPU") -> str:
+        """What a hash slot of a tier's grid holds, as the mirror knows it now."""
         try:
-            text = self.session.slots.describe(slot)
+            text = self.session.slots.describe(slot, tier)
         except (KeyError, RuntimeError):  # changed under us by the attach thread: ask again
             text = None
-        return text or f"hash slot {slot}: empty (no block hash in it now)"
+        return text or f"{'' if tier == 'GPU' else tier + ' '}hash slot {slot}: empty (no " \
+            "block hash in it now)"
 
     def status_text(self, snap) -> str:
         hit = f" · hit {snap.token_hit_rate:.0%} (metrics)" if snap.query_tokens else ""
         groups = f" · {len(snap.groups)} KV groups" if len(snap.groups) > 1 else ""
+        tiers = "".join(f" · {t.medium} {t.num_cached_blocks}" for t in snap.tiers()[1:])
         return (f"attached · {self.name} · {snap.num_cached_blocks} resident blocks in "
-                f"{snap.num_blocks} hash slots{groups} · step {snap.step}{hit}")
+                f"{snap.num_blocks} hash slots{tiers}{groups} · step {snap.step}{hit}")
 
     def settings(self) -> dict:
         cfg = self.session.slots.config

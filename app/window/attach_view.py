@@ -1,8 +1,10 @@
 """File → Attach…: the dialog, and what the window adds while it shows an attached server (or a
-recording of one): the pool titled as hash slots, a note saying why, the server's KV groups (kind,
-window, resident blocks) under it, the mirror's health in the status bar, and per-step series on
-the timeline (blocks stored and removed, preemptions, KV
-usage, TTFT and ITL from the server's metrics). The panels themselves are not changed."""
+recording of one): the pool titled as hash slots (and each tier below the GPU's: pool_host), a
+note saying why, the server's KV groups (kind, window, resident blocks) under it, a click on a
+cell of any tier described by the live mirror (the server's hash, the tiers holding it), the
+mirror's health in the status bar, and per-step series on the timeline (blocks stored and
+removed, preemptions, KV usage, TTFT and ITL from the server's metrics). The panels themselves
+are not changed."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
+from kvscope.app.panels.pool_host import host_line, lower_cell
 from kvscope.app.panels.pool_text import TITLE_TIP
 from kvscope.engine import events as ev
 from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS, group_lines
@@ -155,6 +158,7 @@ class AttachOverlay:
         self.health.hide()
         self.health.clicked.connect(self.show_details)
         window.selection.blocks_changed.connect(self._describe_slots)
+        window.selection.host_blocks_changed.connect(self._describe_tier_slot)
         self.curves = {  # name -> (plot, colour, dashed, legend label), on the timeline
             "stored": ("tokens", palette.CACHED_COLOR, False, "stored blocks"),
             "removed": ("tokens", palette.EVICTED_COLOR, False, "removed blocks"),
@@ -245,8 +249,10 @@ class AttachOverlay:
         pool = self.w.pool
         snap = self.w.snapshot
         if snap is not None and pool.title.text().startswith("<b>Block pool</b>"):
-            pool.title.setText(f"<b>Hash slots</b> · {snap.num_cached_blocks} resident of "
-                               f"{snap.num_blocks} slots · {snap.block_size} tokens per block")
+            pool.title.setText(f"<b>Hash slots</b> · {snap.medium or 'GPU'}: "
+                               f"{snap.num_cached_blocks} resident of {snap.num_blocks} slots · "
+                               f"{snap.block_size} tokens per block"
+                               + "".join("<br>" + host_line(t) for t in snap.tiers()[1:]))
         if snap is not None:
             self.groups.setText("\n".join(group_lines(snap)))
         if frame.records:
@@ -289,6 +295,16 @@ class AttachOverlay:
         lines = [source.describe_slot(int(b)) for b in list(blocks)[:20]]
         self.w.details.show_text("Hash slot" + ("s" if len(lines) > 1 else ""),
                                  "<br>".join(html.escape(x) for x in lines))
+
+    def _describe_tier_slot(self, cells) -> None:
+        """A click on a cell of a tier below the GPU's: what the server holds there now."""
+        source, snap = self.w.source, self.w.snapshot
+        found = None if len(cells) != 1 or snap is None else lower_cell(snap, cells[0])
+        if found is None or not source.attached:
+            return
+        tier, block = found
+        self.w.details.show_text(f"{tier.medium} hash slot",
+                                 html.escape(source.describe_slot(block, tier.medium)))
 
     def show_details(self) -> None:
         source = self.w.source

@@ -39,6 +39,7 @@ class AttachSession:
         self.endpoint, self.record_path, self.overwrite = endpoint, record, overwrite
         self.tick_s, self.silent_s = tick_s, SILENT_S if silent_s is None else silent_s
         self.recorder = None
+        self._layout: tuple = ()  # the slots' tiers and forms at the last tick (slots.layout)
         self._closed = False
         self.mirror = Mirror(parity)
         self.scraper = MetricsScraper(metrics) if metrics else None
@@ -149,6 +150,9 @@ class AttachSession:
                                                                    "preemptions")})
         if self.record_path and self.recorder is None and self.slots.learn_block_size():
             self._start_recording()
+        if self.recorder is not None and self.slots.layout() != self._layout:
+            self.recorder.keyframe_next()  # its replay starts from a keyframe that has them
+        self._layout = self.slots.layout()
         update = self.slots.tick(now - wall_s, wall_s, metrics)
         snap = self.slots.snapshot()
         roots = self.slots.roots()
@@ -161,7 +165,7 @@ class AttachSession:
                 self._metrics.append((update.record.step, metrics))
             self.health_short, self.healthy = self._short_health()
             self.health_lines = self.mirror.health.lines() + self._slot_lines() + \
-                group_lines(snap) + tier_lines(self.slots)
+                group_lines(snap) + tier_lines(snap)
             self.root_names = roots
 
     def _start_recording(self) -> None:

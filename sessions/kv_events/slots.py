@@ -1,7 +1,13 @@
 """The mirror as a pool of hash slots: what the window shows and what a recording stores.
 
 Physical block ids are not published, so each resident key of the mirror (data-parallel rank,
-KV group, medium, hash) gets a slot of a `BlockPool` (the engine's own pool rules). A stored
+KV group, medium, hash) gets a slot of a `BlockPool` (the engine's own pool rules): one pool per
+tier (vLLM's medium), each of as many slots; the GPU's is the snapshot, each tier below it
+(CPU, STORAGE: by name) a snapshot hung under the one above (`Snapshot.host`, `Snapshot.tiers`)
+with its medium and the forms of its stores. A key's short hash leaves the medium out, so one
+(group, hash) has one short hash in every tier that holds it (its residency, read off a
+snapshot). A tier's events name it (`Event.medium`); a recording takes a keyframe when a tier
+or its forms change (`layout`). A stored
 block is allocated, cached under a short hash of its key and released (state "cached"); a
 removed one is uncached (state "free"). Every change is an engine event (ALLOCATED, CACHED,
 FREED, UNCACHED, and EVICTED when more blocks are resident than there are slots) of the key's KV
@@ -18,6 +24,7 @@ subscribe/unsubscribe, pool_state, unfinished_requests, request_output.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -27,12 +34,14 @@ import numpy as np
 from kvscope.engine import events as ev
 from kvscope.engine.block_pool import BlockPool
 from kvscope.engine.metrics import StepRecord
-from kvscope.engine.snapshot import FREE, CacheCounters, PoolState, Snapshot
+from kvscope.engine.snapshot import FREE, CacheCounters, PoolState, Snapshot, tier_snapshot
 from kvscope.engine.stream import StepUpdate
-from kvscope.sessions.kv_events.mirror import Mirror
+from kvscope.sessions.kv_events.mirror import PLACEHOLDER, Mirror
 
 DEFAULT_SLOTS = 4096
 ATTACH_PREFIX = "attached: "  # the recorded model name of an attached session starts with it
+TOP = "GPU"  # the tier whose pool is the snapshot's own
+_MEDIUM = re.compile(r"[A-Za-z0-9_.-]{1,24}")
 
 
 @dataclass
@@ -59,13 +68,28 @@ def short_key(*parts) -> int:
 
 
 def slot_hashes(key: tuple, entry: list) -> tuple[int, int]:
-    """(the slot's short hash, its parent's): the parent block's key in the same rank, group and
-    medium, or the root of the chain's identity for a first block."""
+    """(the slot's short hash, its parent's): the parent block's key in the same rank and group,
+    or the root of the chain's identity (per medium) for a first block. The medium is left out
+    of a hash: the same (group, hash) has the same short hash in every tier."""
     rank, group, medium, h = key
     parent, identity = entry[1], entry[3]
     up = short_key("root", rank, group, medium, *identity) if parent is None else \
-        short_key(rank, group, medium, parent)
-    return short_key(rank, group, medium, h), up
+        short_key(rank, group, parent)
+    return short_key(rank, group, h), up
+
+
+def tier_name(medium: str) -> str:
+    """A medium as a recording names its tier: as the server names it when that is a short
+    plain word, else a digest of it (a stored event kind holds it)."""
+    return medium if _MEDIUM.fullmatch(medium) else f"medium-{short_key(medium) & 0xffffff:06x}"
+
+
+def forms_text(forms) -> str:
+    """A tier's store forms in words ("placeholder stores (no tokens, block_size 0)")."""
+    if not forms:
+        return "no stores yet"
+    text = " and ".join(sorted(forms)) + " stores"
+    return text + " (no tokens, block_size 0)" if tuple(forms) == (PLACEHOLDER,) else text
 
 
 def identity_label(identity: tuple) -> str:
@@ -84,17 +108,20 @@ def group_lines(snap: Snapshot) -> list[str]:
             for g, group in enumerate(snap.groups)]
 
 
-def tier_lines(slots: HashSlots) -> list[str]:
-    """Each tier (vLLM's medium) of the hash-slot view, one line: its resident blocks (slots
-    holding a hash of the tier) and, for a tier other than GPU, the form of its stores."""
-    held: dict[str, int] = {}
-    for key in slots.slot_of:
-        held[key[2]] = held.get(key[2], 0) + 1
-    lines = []
-    for medium, (_, forms) in slots.mirror.tiers().items():
-        form = "" if medium == "GPU" else " · " + " and ".join(sorted(forms)) + " stores"
-        lines.append(f"tier {medium}: {held.get(medium, 0)} resident blocks{form}")
-    return lines
+def tier_lines(snap: Snapshot) -> list[str]:
+    """Each tier (vLLM's medium) of a hash-slot snapshot, one line: its resident blocks (slots
+    holding a hash of the tier) and, for a tier below the GPU, the forms of its stores."""
+    return [f"tier {t.medium or TOP}: {t.num_cached_blocks} resident blocks"
+            + ("" if i == 0 else " · " + forms_text(t.forms))
+            for i, t in enumerate(snap.tiers())]
+
+
+def by_tier(keys: list[tuple]) -> dict[str, list[tuple]]:
+    """Mirror keys by their tier's name (GPU first), in their order."""
+    out: dict[str, list[tuple]] = {}
+    for key in keys:
+        out.setdefault(tier_name(key[2]), []).append(key)
+    return dict(sorted(out.items(), key=lambda t: t[0] != TOP))
 
 
 def by_group(keys: list[tuple]) -> dict[int, list[tuple]]:
@@ -113,19 +140,41 @@ def _bytes(short: int) -> bytes:
     return short.to_bytes(8, "little")
 
 
+@dataclass
+class SlotState:
+    """`HashSlots.pool_state`: the GPU tier's PoolState and each tier below it as (name, forms,
+    PoolCopy, evictions): cheap copies, made a Snapshot (`snapshot`) on another thread."""
+
+    top: PoolState
+    lower: list[tuple[str, tuple, object, int]]
+
+    @property
+    def groups(self):
+        return self.top.groups
+
+    def snapshot(self) -> Snapshot:
+        snap = below = self.top.snapshot()
+        snap.medium = TOP
+        for tier, forms, pool, evicted in self.lower:
+            below.host = below = tier_snapshot(pool, evicted, snap.step, snap.block_size,
+                                               snap.groups, tier, forms)
+        return snap
+
+
 class HashSlots:
     def __init__(self, mirror: Mirror, num_slots: int = DEFAULT_SLOTS, block_size: int = 16,
                  name: str = "attached", **config):
         self.mirror = mirror
         if mirror.journal is None:
             mirror.journal = []
-        self.pool = BlockPool(num_slots)
+        self.pool = BlockPool(num_slots)  # the GPU tier's slots
+        self.pools: dict[str, BlockPool] = {TOP: self.pool}  # tier name -> its slots
         self.config = SlotConfig(block_size, num_slots, **config)
         self.loaded = SimpleNamespace(name=ATTACH_PREFIX + name, fingerprint=None)
         self.cache_identity = ""
         self.device = "attached"
-        self.slot_of: dict[tuple, int] = {}  # mirror key -> slot
-        self.key_of: dict[int, tuple] = {}  # slot -> mirror key
+        self.slot_of: dict[tuple, int] = {}  # mirror key -> slot (in its tier's pool)
+        self.key_of: dict[str, dict[int, tuple]] = {TOP: {}}  # tier -> slot -> mirror key
         self.step = -1
         self.num_overflow = 0  # resident blocks pushed out of the slot view (too few slots)
         self.hits = self.queries = 0  # cumulative, from the metrics endpoint
@@ -154,54 +203,78 @@ class HashSlots:
         return CacheCounters(hit_tokens=self.hits, query_tokens=self.queries,
                              num_evicted_blocks=self.mirror.num_removed)
 
-    def pool_state(self) -> PoolState:
-        return PoolState(max(self.step, 0), self.config.block_size, self.pool.copy(), {}, {},
-                         self.counters(), self.mirror.groups())
+    def pool_state(self) -> SlotState:
+        step, size, groups = max(self.step, 0), self.config.block_size, self.mirror.groups()
+        return SlotState(PoolState(step, size, self.pool.copy(), {}, {}, self.counters(), groups),
+                         [(t, self.forms(t), p.copy(), p.num_evicted)
+                          for t, p in sorted(self.pools.items()) if t != TOP])
+
+    def lower(self) -> list[str]:
+        """The tiers below the GPU that a store named so far, by name."""
+        return sorted({tier_name(m) for _, m in self.mirror.forms} - {TOP})
+
+    def forms(self, tier: str) -> tuple[str, ...]:
+        """The forms of a tier's stores (every rank's), as the mirror saw them."""
+        return tuple(sorted({f for (_, m), forms in self.mirror.forms.items()
+                             if tier_name(m) == tier for f in forms}))
+
+    def layout(self) -> tuple:
+        """The tiers below the GPU and their forms: a recording keyframes where it changes."""
+        return tuple((t, self.forms(t)) for t in self.lower())
 
     def snapshot(self) -> Snapshot:
         return self.pool_state().snapshot()
 
     # ------------------------------------------------------------- ticking
-    def _uncache(self, keys: list[tuple], step: int, now: int, events: list) -> None:
+    def _uncache(self, tier: str, keys: list[tuple], step: int, now: int, events: list) -> None:
+        pool, key_of, medium = self.pools[tier], self.key_of[tier], "" if tier == TOP else tier
         for group, group_keys in by_group(keys).items():
             gone = []
             for key in group_keys:
                 slot = self.slot_of.pop(key, None)
                 if slot is not None:
-                    del self.key_of[slot]
-                    self.pool.uncache(slot)
+                    del key_of[slot]
+                    pool.uncache(slot)
                     gone.append(slot)
             if gone:
                 events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
-                                       detail="removed by the server", group=group))
+                                       detail="removed by the server", group=group,
+                                       medium=medium))
 
-    def _store(self, keys: list[tuple], adds: dict, step: int, now: int, events: list) -> None:
-        pool = self.pool
+    def _store(self, tier: str, keys: list[tuple], adds: dict, step: int, now: int,
+               events: list) -> None:
+        if len(keys) > self.config.num_blocks:
+            self.num_overflow += len(keys) - self.config.num_blocks
+            keys = keys[-self.config.num_blocks:]
+        pool, key_of, medium = self.pools[tier], self.key_of[tier], "" if tier == TOP else tier
         for group, group_keys in by_group(keys).items():
             got, evicted = pool.allocate(len(group_keys), step, group)
             for slot in evicted:  # too few slots: the oldest resident blocks leave the view
-                self.slot_of.pop(self.key_of.pop(slot), None)
+                self.slot_of.pop(key_of.pop(slot), None)
             self.num_overflow += len(evicted)
             if evicted:
                 events.append(ev.Event(ev.EVICTED, step, None, tuple(evicted), now,
-                                       detail="more resident blocks than slots", group=group))
-            events.append(ev.Event(ev.ALLOCATED, step, None, tuple(got), now, group=group))
+                                       detail="more resident blocks than slots", group=group,
+                                       medium=medium))
+            events.append(ev.Event(ev.ALLOCATED, step, None, tuple(got), now, group=group,
+                                   medium=medium))
             shorts, parents = [], []
             for slot, key in zip(got, group_keys, strict=True):
                 h, p = slot_hashes(key, adds[key])
                 pool.cache(slot, _bytes(h), _bytes(p))
-                self.slot_of[key], self.key_of[slot] = slot, key
+                self.slot_of[key], key_of[slot] = slot, key
                 shorts.append(h)
                 parents.append(p)
             events.append(ev.Event(ev.CACHED, step, None, tuple(got), now,
-                                   (*shorts, *parents), group=group))
+                                   (*shorts, *parents), group=group, medium=medium))
             tail_first = got[::-1]
             pool.release(tail_first, step)
-            events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now, group=group))
+            events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now, group=group,
+                                   medium=medium))
 
-    def describe(self, slot: int) -> str | None:
-        """What a slot holds, in one line (None: an empty slot)."""
-        key = self.key_of.get(slot)
+    def describe(self, slot: int, tier: str = TOP) -> str | None:
+        """What a slot of a tier holds, in one line (None: an empty slot)."""
+        key = self.key_of.get(tier, {}).get(slot)
         entry = self.mirror.blocks.get(key) if key is not None else None
         if entry is None:
             return None
@@ -213,13 +286,16 @@ class HashSlots:
             up = f"parent {_show(parent)}"
         else:
             up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
-        text = (f"hash slot {slot}: hash {_show(h)} · dp rank {rank} · "
+        text = (f"{'' if tier == TOP else tier + ' '}hash slot {slot}: hash {_show(h)} · "
+                f"dp rank {rank} · "
                 f"{self.mirror.group_label(rank, group)} · {medium} · {size} tokens · {up}")
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
         tiers = self.mirror.residency(group, h, rank)
-        if len(tiers) > 1:
-            text += " · resident in " + ", ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
+        others = sorted(tiers - {medium}, key=lambda m: (m != TOP, m))
+        text += (" · also in " + ", ".join(
+            f"{m} (slot {self.slot_of[(rank, group, m, h)]})" if (rank, group, m, h)
+            in self.slot_of else m for m in others)) if others else f" · only in {medium}"
         if lora or salt:
             text += f" · LoRA {lora or 'none'}, salt {f'#{salt[:8]}' if salt else 'none'}"
         return text
@@ -274,13 +350,16 @@ class HashSlots:
         now = time.monotonic_ns()
         events: list[ev.Event] = []
         pool = self.pool
-        self._uncache(early, step, now, events)
-        keys = list(adds)
-        if len(keys) > pool.num_blocks:
-            self.num_overflow += len(keys) - pool.num_blocks
-            keys = keys[-pool.num_blocks:]
-        self._store(keys, adds, step, now, events)
-        self._uncache(late, step, now, events)
+        for tier in self.lower():  # a tier's slots from its first store on
+            if tier not in self.pools:
+                self.pools[tier], self.key_of[tier] = BlockPool(pool.num_blocks), {}
+        stores = list(adds)
+        for phase in (early, stores, late):
+            for tier, keys in by_tier(phase).items():
+                if phase is stores:
+                    self._store(tier, keys, adds, step, now, events)
+                else:
+                    self._uncache(tier, keys, step, now, events)
         m = metrics or {}
         hits, queries = int(m.get("hits", 0)), int(m.get("queries", 0))
         self.hits += hits

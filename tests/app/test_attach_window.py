@@ -73,29 +73,31 @@ def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake)
     assert w.act_detach.isEnabled() and w.attach_view.note.isVisible()
     fake.send(0, batch([stored([1, 2, 3], None), stored([7, 8], None, medium="CPU")]))
     fake.send(1, batch([stored([4], 3), stored([5], 3)]))  # two children of block 3
-    qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 7,
-                    timeout=5000)
-    # the pool: hash slots, and it says so
-    assert w.pool.title.text().startswith("<b>Hash slots</b> · 7 resident of 4096 slots")
+    qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.num_cached_blocks == 5
+                    and w.snapshot.host is not None, timeout=5000)
+    # the pool: hash slots, and it says so; the CPU tier's own slots below
+    assert w.pool.title.text().startswith("<b>Hash slots</b> · GPU: 5 resident of 4096 slots")
+    assert w.snapshot.host.num_cached_blocks == 2
     assert "not a physical block" in w.attach_view.note.text()
-    # the tree: two identities/tiers (GPU, CPU), block 3 branching into 4 and 5
-    assert tree_blocks(w) == 7 and len(w.tree.forest) == 2
-    assert int((_parent_blocks(w.snapshot) == -1).sum()) == 2
+    # the tree (the GPU tier's): block 3 branching into 4 and 5
+    assert tree_blocks(w) == 5 and len(w.tree.forest) == 1
+    assert int((_parent_blocks(w.snapshot) == -1).sum()) == 1
     # health, always visible, green
     assert w.attach_view.health.isVisible()
     qtbot.waitUntil(lambda: "history from seq 0" in w.attach_view.health.text(), timeout=3000)
     assert w.attach_view.health.text().startswith("● mirror: gaps 0")
-    assert w.status.text().startswith(f"attached · {fake.endpoint} · 7 resident blocks")
+    assert w.status.text().startswith(f"attached · {fake.endpoint} · 5 resident blocks in 4096 "
+                                      "hash slots · CPU 2")
     # a gap, repaired by replay; a removal: on the timeline
     fake.send(2, batch([removed([5])]), live=False)
     fake.send(3, batch([removed([8], medium="CPU")]))
     qtbot.waitUntil(lambda: "gaps 1 (repaired 1)" in w.attach_view.health.text(), timeout=5000)
-    qtbot.waitUntil(lambda: w.snapshot.num_cached_blocks == 5, timeout=3000)
+    qtbot.waitUntil(lambda: w.snapshot.num_cached_blocks == 4, timeout=3000)
     stored_x, stored_y = w.attach_view.data["stored"]
     removed_x, removed_y = w.attach_view.data["removed"]
     assert sum(stored_y) == 7 and sum(removed_y) == 2
     qtbot.waitUntil(lambda: len(w.timeline.data["cached"]) and
-                    w.timeline.data["cached"][-1] == 5, timeout=3000)
+                    w.timeline.data["cached"][-1] == 4, timeout=3000)
     assert "removed blocks" in w.timeline.legend
     assert not w.timeline.token_plot.getAxis("right").style["showValues"]  # no batches here
     # its stored/removed lines are on the tokens plot: shown while attached, whatever was chosen

@@ -61,7 +61,7 @@ def test_the_mirror_learns_each_groups_spec_and_keeps_their_blocks_apart(layout)
     slots.tick(0.0, 0.1)
     snap = slots.snapshot()
     assert snap.groups == HYBRID
-    held = {s: slots.key_of[s] for s in range(snap.num_blocks) if snap.state[s] != FREE}
+    held = {s: slots.key_of["GPU"][s] for s in range(snap.num_blocks) if snap.state[s] != FREE}
     assert len(held) == 5
     assert {s: int(snap.block_group[s]) for s in held} == {s: k[1] for s, k in held.items()}
     assert group_lines(snap) == ["KV group 0: full attention · 3 resident blocks",

@@ -65,10 +65,12 @@ def test_an_attached_session_records_and_replays_the_mirror(tmp_path):
         events = reader.events_between(reader.first_step, reader.last_step)
     stored_blocks = sum(len(e.blocks) for e in events if e.kind == ev.CACHED)
     assert stored_blocks == m.num_stored == 12  # no duplicates: one slot per store
-    # the mid-run tree: 1-2-3 with 6 under 3 (4, 5 removed), 11 on CPU, 7-8 in group 1
-    assert mid.num_cached_blocks == 7
-    # chains from three roots: two in group 0's tree (GPU, CPU), one in group 1's
-    assert [int((_parent_blocks(mid, g) == -1).sum()) for g in (0, 1)] == [2, 1]
+    # the mid-run tree: 1-2-3 with 6 under 3 (4, 5 removed), 7-8 in group 1; 11 on the CPU
+    # tier's own slots
+    assert mid.num_cached_blocks == 6 and mid.medium == "GPU"
+    assert (mid.host.medium, mid.host.num_cached_blocks) == ("CPU", 1)
+    # chains from one root in group 0's tree, one in group 1's
+    assert [int((_parent_blocks(mid, g) == -1).sum()) for g in (0, 1)] == [1, 1]
 
 
 def test_metrics_are_parsed_summed_and_differenced():
@@ -207,9 +209,10 @@ def test_a_slot_says_what_the_server_holds_in_it():
                              Stored([2], 1, [], 4, medium="CPU", lora_name="ad"),
                              Stored([9], 77, [], 4, group=1)], dp_rank=1))
     slots.tick(0.0, 0.25)
-    text = {k[3]: slots.describe(s) for k, s in slots.slot_of.items()}
+    text = {k[3]: slots.describe(s, k[2]) for k, s in slots.slot_of.items()}
+    assert text[1].startswith(f"CPU hash slot {slots.slot_of[(1, 0, 'CPU', 1)]}: hash ")
     assert text[1].endswith("dp rank 1 · KV group 0 · CPU · 4 tokens · first block of its "
-                            "chain · LoRA ad, salt none")
+                            "chain · only in CPU · LoRA ad, salt none")
     assert "parent 0000000000000001… · 2 copies (duplicate stores)" in text[2]
     assert "never seen (an orphan" in text[9] and "KV group 1 · GPU" in text[9]
     assert slots.describe(7) is None

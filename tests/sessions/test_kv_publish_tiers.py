@@ -204,10 +204,14 @@ def test_vllms_two_forms_of_tier_stores_are_mirrored_per_tier():
     # the slot view: the block size comes from a store that names one, never a placeholder's 0
     slots.tick(0.0, 0.1)
     assert slots.config.block_size == 4
-    assert tier_lines(slots) == ["tier GPU: 3 resident blocks",
-                                 "tier CPU: 1 resident blocks · placeholder stores",
-                                 "tier STORAGE: 1 resident blocks · self-describing stores"]
-    assert "resident in GPU, CPU" in slots.describe(slots.slot_of[(0, 0, "CPU", 1)])
+    assert tier_lines(slots.snapshot()) == [
+        "tier GPU: 3 resident blocks",
+        "tier CPU: 1 resident blocks · placeholder stores (no tokens, block_size 0)",
+        "tier STORAGE: 1 resident blocks · self-describing stores"]
+    on_gpu = slots.slot_of[(0, 0, "GPU", 1)]
+    assert "· only in CPU" not in slots.describe(slots.slot_of[(0, 0, "CPU", 1)], "CPU")
+    assert f"also in GPU (slot {on_gpu})" in slots.describe(slots.slot_of[(0, 0, "CPU", 1)],
+                                                            "CPU")
     # CPU now mixes the forms: a removal there may fan out to hashes a placeholder never named
     m.apply(decode_batch(batch([stored([7, 8], None, medium="CPU", **full),
                                 removed([5, 8], medium="CPU")])))
