@@ -104,10 +104,10 @@ def build_toolbar(w) -> None:
     w.act_export = _action(w, "Export…", "Ctrl+E", files.export_dialog)
     for a in (w.act_demo, w.act_pause, w.act_step):
         tb.addAction(a)
-    w.pace_box = QSpinBox(minimum=0, maximum=1000, value=DEMO_PACE, suffix=" steps/s")
-    w.pace_box.setSpecialValueText("max speed")
-    w.pace_box.setToolTip("How many steps a second the engine runs (0: as fast as it can); "
-                          "slow enough to watch by default")
+    w.pace_box = QSpinBox(minimum=0, maximum=1000, value=DEMO_PACE, suffix=" /s")
+    w.pace_box.setSpecialValueText("max")
+    w.pace_box.setToolTip("Pace: how many steps a second the engine runs (0, max: as fast as "
+                          "it can); slow enough to watch by default")
     w.pace_box.valueChanged.connect(w.engine_client.pace)
     tb.addWidget(w.pace_box)
     for a in (w.act_follow, w.act_record, w.act_open_session):
@@ -122,6 +122,12 @@ def build_toolbar(w) -> None:
     w.prefix_box.setChecked(True)
     w.kv_box = QComboBox()
     w.kv_box.addItems(list(KV_CACHE_DTYPES))
+    # sized for "bfloat16": the long quantized names are cut in the box, whole in its list
+    w.kv_box.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+    w.kv_box.setMinimumContentsLength(6)
+    w.kv_box.view().setMinimumWidth(w.kv_box.view().sizeHintForColumn(0) + 24)
+    w.kv_box.setToolTip("KV cache format: auto (the model's dtype), 16/32-bit, fp8 (a scale per "
+                        "layer or per head), int8/int4 per token and head, KIVI 4/2-bit")
     w.blocks_box = QSpinBox(minimum=4, maximum=1 << 20, value=DEFAULT_CPU_BLOCKS)
     w.block_size_box = QSpinBox(minimum=1, maximum=256, value=16)
     w.blocks_box.setToolTip("Physical blocks in the KV pool")
