@@ -1,7 +1,8 @@
 """A recorded session as the cache lab's input: its requests in arrival order (parallel samples
 left out: they share their parent's blocks without a lookup), each with the block chain of its
 prompt as the recorder stored it, the session's KV-cache groups and its KV bytes per token
-(where the file keeps them: the bytes the lab's host tiers move)."""
+(where the file keeps them: the bytes the lab's host tiers move). And a session's prompt texts
+for the experiments measured on a prompt set (`experiment_prompts`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
     t0 = lab[0].arrival_s
     lab = [LabRequest(r.arrival_s - t0, r.input_length, r.output_length, r.nodes) for r in lab]
     return Trace(path.name, "session", block_size, lab, 0, groups, per_token)
+
+
+def experiment_prompts(path: str | Path) -> str | list[str]:
+    """What `lab.experiments.run(prompts=...)` takes for a file: a workload's path as it is, a
+    session's recorded prompt texts (refused, naming the way to record them, without)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return str(path)
+    with SessionReader(path) as reader:
+        if not reader.meta.record_text:
+            raise SessionError(f"{path}: the session was recorded without prompt text (record "
+                               "with --record-text to measure on its prompts)")
+        return [r.prompt_text for r in reader.requests() if r.prompt_text]

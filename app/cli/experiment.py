@@ -73,8 +73,13 @@ def _experiment(args: argparse.Namespace) -> int:
 
     set_engine_threads()
     print(f"{args.name}: {EXPERIMENTS[args.name].claim}", flush=True)
+    prompts = None
+    if args.prompts is not None:
+        from kvscope.sessions.lab_input import experiment_prompts
+
+        prompts = experiment_prompts(args.prompts)
     result = run(args.name, args.model, Control(progress=_progress), args.quick, args.device,
-                 args.prompts)
+                 prompts)
     print(result.table())
     try:
         _save(args, result)

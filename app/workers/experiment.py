@@ -30,9 +30,14 @@ def main(argv: list[str] | None = None) -> int:
 
     set_engine_threads()  # all cores but the window's one
     try:
+        prompts = args.prompts
+        if prompts is not None:
+            from kvscope.sessions.lab_input import experiment_prompts
+
+            prompts = experiment_prompts(prompts)
         result = run(args.name, args.model,
                      Control(progress=lambda f, text: _emit(progress=f, text=text)), args.quick,
-                     prompts=args.prompts)
+                     prompts=prompts)
     except (ValueError, OSError, ModelLoadError, SessionError) as e:
         _emit(error=str(e))
         return 2

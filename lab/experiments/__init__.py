@@ -46,7 +46,7 @@ EXPERIMENTS = {e.name: e for e in (
 
 
 def run(name: str, model: str = "demo", control: Control | None = None, quick: bool = False,
-        device: str = "cpu", prompts: str | None = None) -> Result:
+        device: str = "cpu", prompts: str | list[str] | None = None) -> Result:
     """Measure one experiment. Unknown name: ValueError; model errors: the loader's
     ModelLoadError; a cancel: Cancelled."""
     if name not in EXPERIMENTS:

@@ -17,9 +17,9 @@ FIRST_TOKEN = 3  # below: special tokens in most vocabularies (bos, eos, pad)
 
 class Bench:
     def __init__(self, model: str = "demo", control: Control | None = None, device: str = "cpu",
-                 prompts: str | None = None):
-        """`prompts`: a workload file or a session with its text, for the experiments that
-        measure on a prompt set (`prompt_set`); None: the built-in passages."""
+                 prompts: str | list[str] | None = None):
+        """`prompts`: a workload file or prompt texts, for the experiments that measure on a
+        prompt set (`prompt_set`); None: the built-in passages."""
         from kvscope.engine.models.load import load_model
 
         self.model, self.device, self.prompts = model, device, prompts

@@ -1,6 +1,7 @@
 """The prompts an experiment measures on: a built-in set of plain English passages, the requests
-of a workload file (.jsonl), or the prompts of a session recorded with its text
-(.kvscope). Token ids from the loaded model's tokenizer, each cut to `max_tokens`."""
+of a workload file (.jsonl), or given texts (a session's, read by
+sessions.lab_input.experiment_prompts). Token ids from the loaded model's tokenizer, each cut to
+`max_tokens`."""
 
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ BUILTIN = (
 )
 
 
-def prompt_ids(tokenizer, source: str | Path | None, count: int, max_tokens: int
-               ) -> list[list[int]]:
-    """Up to `count` prompts as token ids (at least 2 tokens each), from `source` (None: the
-    built-in set). A file that yields no usable prompt is a ValueError naming it."""
+def prompt_ids(tokenizer, source: str | Path | list[str] | None, count: int, max_tokens: int
+                ) -> list[list[int]]:
+    """Up to `count` prompts as token ids (at least 2 tokens each), from `source`: None, the
+    built-in set; a path, a workload file; a list, those texts. No usable prompt is a
+    ValueError naming the source."""
     if tokenizer is None:
         raise ValueError("this model has no tokenizer: the prompt set is text")
-    texts = BUILTIN if source is None else _texts(Path(source))
+    texts = (BUILTIN if source is None else source if isinstance(source, list)
+             else _workload_texts(Path(source)))
     out = []
     for t in texts:
         ids = list(tokenizer.encode(t) if isinstance(t, str) else t)[:max_tokens]
@@ -49,22 +52,15 @@ def prompt_ids(tokenizer, source: str | Path | None, count: int, max_tokens: int
         if len(out) == count:
             break
     if not out:
-        raise ValueError(f"{source}: no prompt of 2 tokens or more")
+        where = "the session" if isinstance(source, list) else source
+        raise ValueError(f"{where}: no prompt of 2 tokens or more")
     return out
 
 
-def _texts(path: Path) -> list:
+def _workload_texts(path: Path) -> list:
+    from kvscope.lab.workload import load_workload
+
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    if path.suffix == ".jsonl":
-        from kvscope.lab.workload import load_workload
-
-        return [r.prefix_text + r.prompt if r.prompt is not None else r.prompt_ids
-                for r in load_workload(path).requests]
-    from kvscope.sessions import SessionReader
-
-    with SessionReader(path) as reader:
-        if not reader.meta.record_text:
-            raise ValueError(f"{path}: the session was recorded without prompt text (record "
-                             "with --record-text to measure on its prompts)")
-        return [r.prompt_text for r in reader.requests() if r.prompt_text]
+    return [r.prefix_text + r.prompt if r.prompt is not None else r.prompt_ids
+            for r in load_workload(path).requests]

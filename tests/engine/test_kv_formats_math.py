@@ -63,6 +63,8 @@ def test_a_session_without_its_text_is_refused_with_the_way_to_record_it(tmp_pat
     from kvscope.engine import Engine, EngineConfig, SamplingParams
     from kvscope.engine.models.load import load_model
     from kvscope.sessions import Recorder
+    from kvscope.sessions.errors import SessionError
+    from kvscope.sessions.lab_input import experiment_prompts
 
     engine = Engine(load_model("demo"), EngineConfig(num_blocks=32))
     path = tmp_path / "s.kvscope"
@@ -72,7 +74,7 @@ def test_a_session_without_its_text_is_refused_with_the_way_to_record_it(tmp_pat
         with Recorder(path, engine, record_text=record_text):
             engine.generate(["The river rose through the night"], SamplingParams(max_tokens=2))
         if not record_text:
-            with pytest.raises(ValueError, match="recorded without prompt text .*--record-text"):
-                prompt_ids(engine.tokenizer, path, 4, 64)
-    (ids,) = prompt_ids(engine.tokenizer, path, 4, 64)
+            with pytest.raises(SessionError, match="recorded without prompt text .*--record-text"):
+                experiment_prompts(path)
+    (ids,) = prompt_ids(engine.tokenizer, experiment_prompts(path), 4, 64)
     assert ids == engine.tokenizer.encode("The river rose through the night")
