@@ -104,6 +104,10 @@ class EngineConfig:
     host_blocks: int = 0
     host_bytes: int = 0
     host_eviction_policy: str = "lru"
+    # fp8 caches (fp8, fp8_per_head): every layer's K and V scale (the stored value is x/scale;
+    # 1.0 as vLLM without checkpoint scales), or "calibrate": from the prompts of the first
+    # forward pass (2x their |K| and |V| maxima per layer, or per layer and KV head, map to 448)
+    kv_scales: float | str = 1.0
 
     def __post_init__(self):
         own = "EngineConfig"
@@ -119,6 +123,13 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"{own}.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)},"
                              f" got {shown(self.kv_cache_dtype)}")
+        if self.kv_scales != "calibrate" and not (
+                is_number(self.kv_scales) and 0 < self.kv_scales < math.inf):
+            raise ValueError(f"{own}.kv_scales must be 'calibrate' or a positive finite number, "
+                             f"got {shown(self.kv_scales)}")
+        if self.kv_scales != 1.0 and self.kv_cache_dtype not in ("fp8", "fp8_per_head"):
+            raise ValueError(f"{own}.kv_scales applies to fp8 caches only (kv_cache_dtype fp8 "
+                             f"or fp8_per_head), not {self.kv_cache_dtype}")
         if self.dtype is not None and self.dtype not in MODEL_DTYPES:
             raise ValueError(f"{own}.dtype must be None or one of {', '.join(MODEL_DTYPES)}, "
                              f"got {shown(self.dtype)}")

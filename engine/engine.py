@@ -54,6 +54,9 @@ class Engine:
                              f"{self.runner.kv_bytes_per_block} bytes")
         if host_blocks:
             self.runner.add_host_tier(host_blocks)
+        self._calibrate = config.kv_scales == "calibrate"  # at the first forward pass
+        if not self._calibrate and config.kv_scales != 1.0:
+            self.runner.scale_kv(config.kv_scales)
         # the model part of every chain's root hash (see block_hash.ExtraKeys); the formats
         # added with kv_formats name themselves (the others keep the hashes they had)
         fmt = self.runner.format
@@ -330,6 +333,9 @@ class Engine:
             rec.offloaded_blocks, rec.loaded_blocks = len(host.offloads), len(host.loads)
         if not chunks:
             return
+        if self._calibrate:
+            self._calibrate = False
+            self.runner.calibrate_kv_scales([c.request.prompt_token_ids for c in chunks])
         try:
             with ForwardTimer(self.device) as timer:
                 logits = self.runner.run([self._seq_chunk(c) for c in chunks], sched.copies)

@@ -358,6 +358,16 @@ class ModelRunner:
         last = kernels.to_device(torch.tensor(list(accumulate(seq_lens))) - 1, dev)
         return self.model.compute_logits(hidden[last]).float()
 
+    def scale_kv(self, factor: float) -> None:
+        """Every fp8 K and V scale times `factor` (from 1.0: the scale given); before anything
+        is stored."""
+        if not self.is_fp8:
+            raise ValueError("kv scales only apply to an fp8 cache")
+        if self._stored_any:
+            raise RuntimeError("kv scales must be set before anything is stored")
+        self.k_scales = [s * factor for s in self.k_scales]
+        self.v_scales = [s * factor for s in self.v_scales]
+
     @torch.inference_mode()
     def calibrate_kv_scales(self, token_id_lists: Sequence[Sequence[int]]) -> None:
         """Set per-layer fp8 scales to ``FP8_HEADROOM * amax / 448`` measured on the sample

@@ -27,6 +27,19 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+def kv_scales(text: str) -> float | str:
+    """--kv-scales: "calibrate" or a positive finite number."""
+    if text == "calibrate":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'calibrate' or a number, not {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An option's whole number of at least 1; digit groups may be marked ("20_000", "20,000")."""
     try:
@@ -62,6 +75,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", "--kv-dtype", dest="kv_dtype", choices=KV_CACHE_DTYPES,
                    default="auto", help="KV cache format (auto: the model's dtype; fp8, "
                    "fp8_per_head, int8/int4_per_token_head, kivi4/kivi2: quantized)")
+    g.add_argument("--kv-scales", type=kv_scales, default=1.0, metavar="calibrate|S",
+                   help="fp8 caches: every K and V scale S (default 1.0), or 'calibrate' from "
+                   "the first forward pass's prompts (per layer; per head with fp8_per_head)")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -132,7 +148,8 @@ def _load_engine(args: argparse.Namespace):
                        f"{torch.__version__})")
     try:
         config = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                              kv_cache_dtype=args.kv_dtype, device=args.device, dtype=args.dtype,
+                              kv_cache_dtype=args.kv_dtype, kv_scales=args.kv_scales,
+                              device=args.device, dtype=args.dtype,
                               enable_prefix_caching=not args.no_prefix_cache,
                               enable_kv_cache=not args.no_kv_cache,
                               max_num_batched_tokens=args.max_batched_tokens,

@@ -38,6 +38,10 @@ def test_sampling_params_edges_are_accepted():
 
 
 BAD_ENGINE = [
+    ({"kv_scales": "x"}, "kv_scales"),
+    ({"kv_scales": float("nan")}, "kv_scales"),
+    ({"kv_scales": -1.0}, "kv_scales"),
+    ({"kv_scales": 2.0, "kv_cache_dtype": "int8_per_token_head"}, "kv_scales"),
     ({"block_size": 0}, "block_size"), ({"block_size": 16.0}, "block_size"),
     ({"num_blocks": True}, "num_blocks"), ({"max_num_seqs": -1}, "max_num_seqs"),
     ({"kv_cache_dtype": "int3"}, "kv_cache_dtype"), ({"dtype": "float64"}, "dtype"),
