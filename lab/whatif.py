@@ -20,12 +20,13 @@ session's own): every group of a request draws from the one pool and a hit is th
 group accepts, as the engine and vLLM's hybrid coordinator do. On the command line they are
 written `full,window:1024` (see parse_groups).
 
-A host tier (`host_blocks`, `host_policy`: engine.host_tier, one full-attention group only): the
-manager's own, behind the pool. A device block evicted is copied to the host; a lookup that
-stops on the device goes on there and loads what it finds back (the host copy stays). Each
-request is a step (`begin_step`), so host blocks loaded for one request are held through it and
-free again at the next. The result then splits the hit tokens by tier and counts the blocks
-offloaded, loaded and evicted from the host.
+A host tier (`host_blocks`, `host_policy`: engine.host_tier): the manager's own, behind the
+pool, for every KV-cache group (a window group loads only the blocks its window needs). A
+device block evicted is copied to the host; a lookup that stops on the device goes on there
+and loads what it finds back (the host copy stays). Each request is a step (`begin_step`), so
+host blocks loaded for one request are held through it and free again at the next. The result
+then splits the hit tokens by tier and counts the blocks offloaded, loaded and evicted from the
+host.
 """
 
 from __future__ import annotations

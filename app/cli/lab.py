@@ -102,10 +102,6 @@ def _lab(args: argparse.Namespace) -> int:
     if not per_block and trace.kv_bytes_per_token:  # a session's model
         per_block = round(trace.kv_bytes_per_token * args.block_size)
     groups = trace.groups if groups is None else groups
-    if hosts and not report.one_full_group(groups):
-        raise TraceError(f"--host-blocks: a host tier with the KV-cache groups "
-                         f"{groups_spec(groups)} is not supported yet (one full-attention "
-                         "group only)")
     policies = args.policy
     if policies is None:
         policies = ["lru", "belady"] if any(g.window is None for g in groups) else ["lru"]

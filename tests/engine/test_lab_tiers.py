@@ -46,6 +46,26 @@ def test_evict_to_host_then_hit_from_host():
     assert (without.hit_tokens, without.host_hit_tokens, without.offloaded_blocks) == (32, 0, 0)
 
 
+def test_a_hybrid_model_loads_all_of_full_attention_and_only_the_window_from_the_host():
+    """Prompts A, B, A of 5 blocks (80 tokens); full attention + a 32-token window. A 12-block
+    pool holds one prompt's blocks in both groups: B evicts A to the host, and A's second time
+    hits its 4 whole blocks (64 tokens, the last token computed) from the host: the full group
+    loads 4 blocks, the window group the 2 its window needs at the hit's end."""
+    from kvscope.engine.kv_groups import KVGroup
+
+    groups = (KVGroup(), KVGroup(window=32, layers=(1,)))
+    a, b = (1, 2, 3, 4, 5), (6, 7, 8, 9, 10)
+    trace = Trace("t", "test", 16, [LabRequest(i, 80, 1, n) for i, n in enumerate((a, b, a))],
+                  0, groups)
+    cold = whatif.replay(trace, 12, 16, groups=groups)
+    assert cold.hit_tokens == 0
+    tiered = whatif.replay(trace, 12, 16, groups=groups, host_blocks=16)
+    assert (tiered.hit_tokens, tiered.host_hit_tokens, tiered.loaded_blocks) == (64, 64, 6)
+    assert tiered.host_evicted_blocks == 0
+    roomy = whatif.replay(trace, 20, 16, groups=groups, host_blocks=16)
+    assert (roomy.hit_tokens, roomy.host_hit_tokens, roomy.loaded_blocks) == (64, 0, 0)
+
+
 def test_host_eviction_keeps_the_last_evicted_and_evicts_tails_first():
     """4 device blocks, 1 host block. r0: A (33 tokens): the device queues [A2, A1]. r1: B
     evicts A2 to the host. r2: C (48 tokens) evicts A1, B3, B2 at once: the host holds one,

@@ -1,5 +1,5 @@
 """`kvscope lab --host-blocks`: a bad host size, a size in GiB without the bytes it needs, a
-size that holds no block, and a host tier with KV-cache groups are one line naming the value,
+size that holds no block are one line naming the value,
 exit 2 (the sizes before the trace is read)."""
 
 from __future__ import annotations
@@ -31,13 +31,6 @@ def test_a_bad_host_size_is_one_line(kvscope, value, extra, words, monkeypatch):
 
     monkeypatch.setattr("kvscope.app.cli.lab.load_lab_input", no_load)
     assert_one_line_error(kvscope("lab", HEAD, "--host-blocks", value, *extra), *words)
-
-
-def test_a_host_tier_with_kv_cache_groups_is_one_line(kvscope):
-    assert_one_line_error(
-        kvscope("lab", HEAD, "--limit", "5", "--groups", "full,window:1024", "--host-blocks",
-                "8000"),
-        "--host-blocks: a host tier with the KV-cache groups full,window:1024 is not supported")
 
 
 def test_a_bad_bytes_per_token_is_argparse_s_error(kvscope):
