@@ -186,13 +186,14 @@ def curve_sizes(top: int, sizes: list[int], points: int = CURVE_POINTS) -> list[
 
 
 def verdict(results: list[RoutedResult], one_pool: float) -> str:
-    """'prefix-aware: 31.0 % vs round-robin 9.0 %; imbalance 1.3x requests, 1.1x tokens; one
-    pool of the fleet's size: 35.0 %' (the best router against round-robin, or the first)."""
+    """'prefix-aware: 31.0 % vs round-robin 9.0 %; imbalance 1.30x requests, 1.10x tokens;
+    one pool of the fleet's size: 35.0 %' (the best router against round-robin, or the
+    first)."""
     best = max(results, key=lambda r: r.token_hit_ratio)
     base = next((r for r in results if r.router == "round-robin"), results[0])
     versus = f" vs {base.router} {100 * base.token_hit_ratio:.1f} %" if base is not best else ""
     return (f"{best.router}: {100 * best.token_hit_ratio:.1f} %{versus}; imbalance "
-            f"{best.request_imbalance:.1f}x requests, {best.token_imbalance:.1f}x tokens; one "
+            f"{best.request_imbalance:.2f}x requests, {best.token_imbalance:.2f}x tokens; one "
             f"pool of the fleet's size: {100 * one_pool:.1f} %")
 
 
