@@ -90,6 +90,16 @@ class KVCacheManager:
         num_new_tokens = min(num_new_tokens, len(token_ids) - num_cached)
         return self._admit_cost(hit, num_cached, num_new_tokens) <= self.pool.num_available
 
+    def cached_tokens(self, num_tokens: int, block_hashes: list[bytes]) -> int:
+        """The tokens admit() would serve from the cache now (both tiers) for a prompt of
+        num_tokens whose full blocks have these chain hashes; changes nothing (a router's look
+        at a replica)."""
+        if not self.enable_prefix_caching:
+            return 0
+        num_hit, _, _ = self._lookup((b"", block_hashes), num_tokens)
+        return (num_hit + len(self._host_hit(block_hashes, num_hit, num_tokens))) \
+            * self.block_size
+
     def admit(self, request_id: int, token_ids: list[int], num_new_tokens: int | None = None,
               cache_salt: str | None = None, adapter: str | None = None,
               count_stats: bool = True, block_hashes: list[bytes] | None = None) -> int | None:

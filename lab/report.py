@@ -108,8 +108,8 @@ def check_policies(policies: list[str], groups: tuple[KVGroup, ...]) -> None:
 def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: int = 16,
         mode: str = "sequential", tpot_s: float = 0.03, on_row: Callable[[Row], None] = print,
         on_request=None, groups: tuple[KVGroup, ...] | None = None,
-        host_sizes: tuple[int, ...] = (), host_policies: tuple[str, ...] = ("lru",)
-        ) -> tuple[list[Row], ceilings.SegmentStream]:
+        host_sizes: tuple[int, ...] = (), host_policies: tuple[str, ...] = ("lru",),
+        prefill_s: float = 0.0) -> tuple[list[Row], ceilings.SegmentStream]:
     """Rows in order: each policy at each size (then, what-if policies, that size with each
     host policy and host size), then the infinite cache. Belady and infinite are
     sequential-mode ceilings whatever `mode` is. on_request: see whatif.replay (first what-if
@@ -132,7 +132,7 @@ def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: in
             else:
                 hashes = hashes or whatif.block_hashes(trace, block_size)
                 r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
-                                  on_request, groups)
+                                  on_request, groups, prefill_s=prefill_s)
                 on_request = None
                 row = replay_row(r)
             rows.append(row)
@@ -140,7 +140,8 @@ def run(trace: Trace, pool_sizes: list[int], policies: list[str], block_size: in
             for host_policy in host_policies if policy != "belady" else ():
                 for host in host_sizes:
                     r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
-                                      groups=groups, host_blocks=host, host_policy=host_policy)
+                                      groups=groups, host_blocks=host, host_policy=host_policy,
+                                      prefill_s=prefill_s)
                     rows.append(replay_row(r, row.token_hit_ratio))
                     on_row(rows[-1])
     c = ceilings.infinite_cache(stream)
@@ -175,7 +176,8 @@ def lru_curve(stream: ceilings.SegmentStream, sizes: list[int], points: int = 48
 
 def tier_curve(trace: Trace, block_size: int, sizes: list[int], host_sizes: list[int],
                policy: str = "lru", host_policy: str = "lru", mode: str = "sequential",
-               tpot_s: float = 0.03, points: int = TIER_CURVE_POINTS) -> list[Row]:
+               tpot_s: float = 0.03, points: int = TIER_CURVE_POINTS, prefill_s: float = 0.0
+               ) -> list[Row]:
     """The miss-ratio curve per tier: a what-if row per (host size, no tier first; device
     pool size), the sizes log-spaced from 1/64 of the infinite cache's blocks to all of it,
     plus `sizes`."""
@@ -187,7 +189,7 @@ def tier_curve(trace: Trace, block_size: int, sizes: list[int], host_sizes: list
     for host in (0, *host_sizes):
         for size in grid:
             r = whatif.replay(trace, size, block_size, policy, mode, tpot_s, hashes,
-                              host_blocks=host, host_policy=host_policy)
+                              host_blocks=host, host_policy=host_policy, prefill_s=prefill_s)
             rows.append(replay_row(r, base.get(size)))
             base.setdefault(size, r.token_hit_ratio)
     return rows

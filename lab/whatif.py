@@ -117,75 +117,132 @@ def block_hashes(trace: Trace, block_size: int) -> list[list[bytes]]:
             for r in trace.requests]
 
 
+def new_manager(trace: Trace, pool_blocks: int, block_size: int, policy: str,
+                groups: tuple[KVGroup, ...] | None, host_blocks: int, host_policy: str,
+                record_events: bool = False) -> KVCacheManager:
+    """A what-if pool: the real manager, without the eviction history (the lab explains no
+    misses)."""
+    mgr = KVCacheManager(pool_blocks, block_size, record_events=record_events,
+                         eviction_policy=policy, groups=trace.groups if groups is None else groups,
+                         host_blocks=host_blocks, host_eviction_policy=host_policy)
+    mgr.pool.evicted_history = 0
+    if mgr.host is not None:
+        mgr.host.pool.evicted_history = 0
+    return mgr
+
+
 def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "lru",
            mode: str = "sequential", tpot_s: float = 0.03,
            hashes: list[list[bytes]] | None = None, on_request=None,
            groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0,
-           host_policy: str = "lru") -> WhatIfResult:
+           host_policy: str = "lru", prefill_s: float = 0.0) -> WhatIfResult:
     """Replay the trace; `hashes` from block_hashes() may be shared between runs.
     on_request(manager, i): called after request i is admitted (for observers). groups: the
     KV-cache groups (None: the trace's). host_blocks: a host tier of that many blocks (0:
-    none), evicting by host_policy."""
+    none), evicting by host_policy. prefill_s: timed mode, seconds per prompt token computed
+    (not served from the cache), added to the time a request holds its blocks."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     hashes = hashes if hashes is not None else block_hashes(trace, block_size)
-    groups = trace.groups if groups is None else groups
-    mgr = KVCacheManager(pool_blocks, block_size, record_events=on_request is not None,
-                         eviction_policy=policy, groups=groups, host_blocks=host_blocks,
-                         host_eviction_policy=host_policy)
-    mgr.pool.evicted_history = 0  # the lab explains no misses: skip the eviction history
-    if mgr.host is not None:
-        mgr.host.pool.evicted_history = 0
-    run = _sequential if mode == "sequential" else _timed
+    mgr = new_manager(trace, pool_blocks, block_size, policy, groups, host_blocks, host_policy,
+                      on_request is not None)
+    pool = new_pool(mode, mgr, trace, hashes, tpot_s, prefill_s, on_request)
     start = time.perf_counter()
-    stats = run(mgr, trace, hashes, tpot_s, on_request)
-    wall = time.perf_counter() - start
-    hit, host_hit, query, requests, requests_hit, rejected, blocks = stats
-    c = mgr.counters()
-    return WhatIfResult(policy, pool_blocks, block_size, mode, hit, query, requests,
-                        requests_hit, rejected, c.num_evicted_blocks, blocks, wall, mgr.groups,
-                        host_blocks, host_policy, host_hit, c.num_offloaded_blocks,
-                        c.num_loaded_blocks, c.num_host_evicted_blocks)
-
-
-def _sequential(mgr, trace, hashes, tpot_s, on_request):
-    hit_tokens = host_tokens = query_tokens = requests_hit = rejected = blocks = 0
-    zeros = [0] * max(r.input_length for r in trace.requests)
-    num_groups = len(mgr.groups)
     for i, r in enumerate(trace.requests):
-        n = r.input_length
-        query_tokens += n
+        pool.arrive(i, r.arrival_s)
+    pool.finish_until(float("inf"))
+    return pool.result(time.perf_counter() - start, policy, host_policy)
+
+
+def new_pool(mode: str, mgr: KVCacheManager, trace: Trace, hashes: list[list[bytes]],
+             tpot_s: float = 0.03, prefill_s: float = 0.0, on_request=None) -> SequentialPool:
+    """A replay of one pool that requests arrive at (`arrive(i, now)`), in the mode's rules."""
+    if mode == "sequential":
+        return SequentialPool(mgr, trace, hashes, on_request)
+    return TimedPool(mgr, trace, hashes, on_request, tpot_s, prefill_s)
+
+
+class SequentialPool:
+    """Sequential mode: a request is admitted (its prompt only) and freed as it arrives."""
+
+    def __init__(self, mgr: KVCacheManager, trace: Trace, hashes: list[list[bytes]],
+                 on_request=None):
+        self.mgr, self.trace, self.hashes, self.on_request = mgr, trace, hashes, on_request
+        self.hit_tokens = self.host_tokens = self.query_tokens = 0
+        self.num_requests = self.requests_hit = self.rejected = self.blocks = 0
+
+    def arrive(self, i: int, now: float) -> None:
+        mgr, n = self.mgr, self.trace.requests[i].input_length
+        self.num_requests += 1
+        self.query_tokens += n
         if n == 0:
-            continue
+            return
         mgr.begin_step(i)
         # the pool holds nothing but the cache now: a request it cannot take never fits
-        cached = mgr.admit(i, zeros[:n], count_stats=False, block_hashes=hashes[i])
+        cached = mgr.admit(i, [0] * n, count_stats=False, block_hashes=self.hashes[i])
         if cached is None:
-            rejected += 1
-            continue
-        if on_request is not None:
-            on_request(mgr, i)
-        host_tokens += mgr.host_tokens(i)
+            self.rejected += 1
+            return
+        if self.on_request is not None:
+            self.on_request(mgr, i)
+        self.host_tokens += mgr.host_tokens(i)
         mgr.free(i)
-        hit_tokens += cached
-        requests_hit += cached > 0
-        blocks += len(hashes[i]) + num_groups * -(-(n - cached) // mgr.block_size)
-    return (hit_tokens, host_tokens, query_tokens, len(trace.requests), requests_hit, rejected,
-            blocks)
+        self._count(i, cached, len(mgr.groups) * -(-(n - cached) // mgr.block_size))
+
+    def _count(self, i: int, cached: int, allocated: int) -> None:
+        self.hit_tokens += cached
+        self.requests_hit += cached > 0
+        self.blocks += len(self.hashes[i]) + allocated
+
+    def finish_until(self, t: float) -> None:
+        """Timed mode's: nothing is held between requests here."""
+
+    def outstanding(self) -> tuple[int, int]:
+        """(requests, prompt and output tokens) waiting or running: none here."""
+        return 0, 0
+
+    def result(self, wall_s: float, policy: str, host_policy: str = "lru") -> WhatIfResult:
+        mgr = self.mgr
+        host = mgr.host_counters()
+        return WhatIfResult(
+            policy, mgr.pool.num_blocks, mgr.block_size,
+            "sequential" if type(self) is SequentialPool else "timed", self.hit_tokens,
+            self.query_tokens, self.num_requests, self.requests_hit, self.rejected,
+            mgr.pool.num_evicted, self.blocks, wall_s, mgr.groups,
+            mgr.host.pool.num_blocks if mgr.host else 0, host_policy, self.host_tokens,
+            host.num_offloaded_blocks, host.num_loaded_blocks, host.num_evicted_blocks)
 
 
-def _timed(mgr, trace, hashes, tpot_s, on_request):
-    requests = trace.requests
-    finishing: list[tuple[float, int]] = []  # (finish time, request index)
-    waiting: deque[int] = deque()
-    hit_tokens = host_tokens = query_tokens = requests_hit = rejected = blocks = 0
-    steps = iter(range(1 << 62))  # each admission is a step (host blocks loaded: held in it)
+class TimedPool(SequentialPool):
+    """Timed mode: requests are admitted first come first served (waiting while the pool cannot
+    hold prompt and output) and hold their blocks until they finish."""
 
-    def try_admit(i: int, now: float) -> bool:
-        nonlocal hit_tokens, host_tokens, requests_hit, blocks
-        r = requests[i]
-        mgr.begin_step(next(steps))
-        cached = mgr.admit(i, [0] * r.input_length, count_stats=False, block_hashes=hashes[i])
+    def __init__(self, mgr, trace, hashes, on_request=None, tpot_s: float = 0.03,
+                 prefill_s: float = 0.0):
+        super().__init__(mgr, trace, hashes, on_request)
+        self.tpot_s, self.prefill_s = tpot_s, prefill_s
+        self.finishing: list[tuple[float, int]] = []  # (finish time, request index)
+        self.waiting: deque[int] = deque()
+        self.steps = iter(range(1 << 62))  # each admission is a step (host loads: held in it)
+        self.held_tokens = 0  # prompt and output tokens of the requests waiting or running
+
+    def arrive(self, i: int, now: float) -> None:
+        r = self.trace.requests[i]
+        self.finish_until(now)
+        self.num_requests += 1
+        self.query_tokens += r.input_length
+        if r.input_length == 0 or _peak_blocks(self.mgr, r) > self.mgr.pool.num_blocks:
+            self.rejected += r.input_length > 0
+            return
+        self.held_tokens += r.input_length + r.output_length
+        if self.waiting or not self._try_admit(i, now):
+            self.waiting.append(i)
+
+    def _try_admit(self, i: int, now: float) -> bool:
+        mgr, r = self.mgr, self.trace.requests[i]
+        mgr.begin_step(next(self.steps))
+        cached = mgr.admit(i, [0] * r.input_length, count_stats=False,
+                           block_hashes=self.hashes[i])
         if cached is None:
             return False
         mgr.append_token_ids(i, [0] * r.output_length)
@@ -193,33 +250,27 @@ def _timed(mgr, trace, hashes, tpot_s, on_request):
             mgr.free(i)  # cannot hold its answer yet: wait
             return False
         mgr.allocate(i, r.output_length)
-        if on_request is not None:
-            on_request(mgr, i)
-        hit_tokens += cached
-        host_tokens += mgr.host_tokens(i)
-        requests_hit += cached > 0
-        blocks += len(hashes[i]) + sum(map(len, mgr.block_tables(i)))
-        heapq.heappush(finishing, (now + r.output_length * tpot_s, i))
+        if self.on_request is not None:
+            self.on_request(mgr, i)
+        self.host_tokens += mgr.host_tokens(i)
+        self._count(i, cached, sum(map(len, mgr.block_tables(i))))
+        hold = (r.input_length - cached) * self.prefill_s + r.output_length * self.tpot_s
+        heapq.heappush(self.finishing, (now + hold, i))
         return True
 
-    def finish_until(t: float) -> None:
-        while finishing and finishing[0][0] <= t:
-            done, i = heapq.heappop(finishing)
-            mgr.free(i)
-            while waiting and try_admit(waiting[0], done):
-                waiting.popleft()
+    def finish_until(self, t: float) -> None:
+        while self.finishing and self.finishing[0][0] <= t:
+            done, i = heapq.heappop(self.finishing)
+            self.mgr.free(i)
+            r = self.trace.requests[i]
+            self.held_tokens -= r.input_length + r.output_length
+            while self.waiting and self._try_admit(self.waiting[0], done):
+                self.waiting.popleft()
+        if t == float("inf"):
+            assert not self.waiting, "requests left waiting with an empty pool"
 
-    for i, r in enumerate(requests):
-        finish_until(r.arrival_s)
-        query_tokens += r.input_length
-        if r.input_length == 0 or _peak_blocks(mgr, r) > mgr.pool.num_blocks:
-            rejected += r.input_length > 0
-            continue
-        if waiting or not try_admit(i, r.arrival_s):
-            waiting.append(i)
-    finish_until(float("inf"))
-    assert not waiting, "requests left waiting with an empty pool"
-    return hit_tokens, host_tokens, query_tokens, len(requests), requests_hit, rejected, blocks
+    def outstanding(self) -> tuple[int, int]:
+        return len(self.waiting) + len(self.finishing), self.held_tokens
 
 
 def _peak_blocks(mgr: KVCacheManager, r) -> int:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvscope.app.cli import lab_routing
 from kvscope.app.cli.common import positive_int
 from kvscope.engine import policies as eviction_policies
 from kvscope.lab import report, tiers
@@ -56,6 +57,9 @@ def add_parser(sub) -> None:
                    help="sequential: each request admitted then freed in order; timed: "
                    "arrivals at trace time, held output_length x TPOT (default sequential)")
     p.add_argument("--tpot-ms", type=float, default=30.0, help="timed mode: ms per output token")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.0, metavar="MS",
+                   help="timed mode: ms per prompt token computed (not served from the cache), "
+                   "added to the time a request holds its blocks (default 0)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N requests only")
     p.add_argument("--csv", type=Path, default=None, metavar="OUT.csv")
     p.add_argument("--png", type=Path, default=None, metavar="OUT.png",
@@ -65,6 +69,7 @@ def add_parser(sub) -> None:
                    help="lifetime, idle-before-evict and reuse-gap of the first replay, dead "
                    "cache over time and sizing advice (sequential mode); with --csv also "
                    "OUT-residency.csv")
+    lab_routing.add_arguments(p)
     p.set_defaults(func=cmd_lab)
 
 
@@ -80,8 +85,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    if args.tpot_ms < 0:
-        raise TraceError(f"--tpot-ms must be >= 0, got {args.tpot_ms:g}")
+    for name in ("tpot_ms", "prefill_ms_per_token"):
+        if getattr(args, name) < 0:
+            raise TraceError(f"--{name.replace('_', '-')} must be >= 0, got "
+                             f"{getattr(args, name):g}")
+    routers = lab_routing.check(args)
     if args.residency and args.mode != "sequential":
         raise TraceError("--residency needs --mode sequential (time is counted in requests)")
     for out in (args.csv, args.png):
@@ -121,7 +129,11 @@ def _lab(args: argparse.Namespace) -> int:
 
         total = ceilings.distinct_blocks(ceilings.segment_stream(trace, args.block_size))
         total *= len(groups)
-        sizes = sorted({max(1, total // 32), max(1, total // 8), max(1, total // 2)})
+        split = args.replicas or 1  # routing: the fleet's total is the single pool's
+        sizes = sorted({max(1, total // (32 * split)), max(1, total // (8 * split)),
+                        max(1, total // (2 * split))})
+    if routers is not None:
+        return lab_routing.run(args, trace, routers, sizes, policies, groups)
     if hosts:
         moved = f"bytes moved ({per_block:,} a block)" if per_block else \
             "blocks moved (no --kv-bytes-per-token: blocks only)"
@@ -132,7 +144,8 @@ def _lab(args: argparse.Namespace) -> int:
     rows, stream = report.run(trace, sizes, policies, args.block_size, args.mode,
                               args.tpot_ms / 1000, on_row=_row_printer(bool(hosts), per_block),
                               on_request=probe, groups=groups, host_sizes=hosts,
-                              host_policies=args.host_policy)
+                              host_policies=args.host_policy,
+                              prefill_s=args.prefill_ms_per_token / 1000)
     for r in rows:
         if r.host_blocks:
             print(tiers.sizing_line(r, per_block))
@@ -143,7 +156,8 @@ def _lab(args: argparse.Namespace) -> int:
         if args.png or probe else None
     what_if = next((p for p in policies if p != "belady"), None)
     tier_curve = report.tier_curve(trace, args.block_size, sizes, hosts, what_if,
-                                   args.host_policy[0], args.mode, args.tpot_ms / 1000) \
+                                   args.host_policy[0], args.mode, args.tpot_ms / 1000,
+                                   prefill_s=args.prefill_ms_per_token / 1000) \
         if hosts and what_if and (args.png or args.csv) else []
     if tier_curve and args.csv:
         out = args.csv.with_name(args.csv.stem + "-tiers.csv")

@@ -75,3 +75,36 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row],
 def write_curves_png(path: Path, lru_curve: list[tuple[int, float]], rows: list[Row],
                      tier_curve: list[Row] = (), width: int = 900) -> None:
     write_plot_png(path, lambda item: draw_curves(item, lru_curve, rows, tier_curve), width)
+
+
+ROUTER_COLORS = (palette.SHARED_COLOR, palette.DECODE_COLOR, palette.PREFILL_COLOR,
+                 palette.CACHED_COLOR, palette.ACTIVE_COLOR, "#f0e442")
+
+
+def draw_routing_curves(item, points: dict[str, list[tuple[int, float]]], replicas: int) -> None:
+    """The miss-ratio curve per router (lab.routing.curve): the fleet's token hit ratio against
+    the pool size per replica (log); one pool of the fleet's size dashed."""
+    import pyqtgraph as pg
+
+    item.clear()
+    if item.legend is None:
+        item.addLegend(offset=(10, 10))
+    item.setLogMode(x=True, y=False)
+    item.setLabel("bottom", f"pool size per replica (blocks; {replicas} replicas)")
+    item.setLabel("left", "fleet token hit ratio")
+    percent_axis(item.getAxis("left"), True)
+    item.showGrid(x=True, y=True, alpha=0.3)
+    for i, (name, pts) in enumerate(points.items()):
+        xs, ys = zip(*pts, strict=True)
+        if name == "one pool":
+            pen = pg.mkPen(COLORS["infinite"], width=2, style=pg.QtCore.Qt.PenStyle.DashLine)
+            item.plot(xs, [100 * y for y in ys], pen=pen, name=f"one pool of {replicas}x")
+            continue
+        c = ROUTER_COLORS[i % len(ROUTER_COLORS)]
+        item.plot(xs, [100 * y for y in ys], pen=pg.mkPen(c, width=2), symbol="o",
+                  symbolBrush=c, symbolPen=None, name=name)
+
+
+def write_routing_png(path: Path, points: dict[str, list[tuple[int, float]]], replicas: int,
+                      width: int = 900) -> None:
+    write_plot_png(path, lambda item: draw_routing_curves(item, points, replicas), width)
