@@ -97,8 +97,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         num_hit, _, _ = self._lookup((b"", block_hashes), num_tokens)
-        return (num_hit + len(self._host_hit(block_hashes, num_hit, num_tokens))) \
-            * self.block_size
+        return num_hit * self.block_size
 
     def admit(self, request_id: int, token_ids: list[int], num_new_tokens: int | None = None,
               cache_salt: str | None = None, adapter: str | None = None,

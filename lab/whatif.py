@@ -203,14 +203,14 @@ class SequentialPool:
 
     def result(self, wall_s: float, policy: str, host_policy: str = "lru") -> WhatIfResult:
         mgr = self.mgr
-        host = mgr.host_counters()
+        c = mgr.counters()
         return WhatIfResult(
             policy, mgr.pool.num_blocks, mgr.block_size,
             "sequential" if type(self) is SequentialPool else "timed", self.hit_tokens,
             self.query_tokens, self.num_requests, self.requests_hit, self.rejected,
-            mgr.pool.num_evicted, self.blocks, wall_s, mgr.groups,
+            c.num_evicted_blocks, self.blocks, wall_s, mgr.groups,
             mgr.host.pool.num_blocks if mgr.host else 0, host_policy, self.host_tokens,
-            host.num_offloaded_blocks, host.num_loaded_blocks, host.num_evicted_blocks)
+            c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks)
 
 
 class TimedPool(SequentialPool):
