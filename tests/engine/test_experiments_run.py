@@ -64,7 +64,6 @@ def test_capacity_every_format_the_engines_bytes_are_the_formulas(bench):
     for name, row in by.items():
         assert row["max running"] == row["formula requests"] > 0, name
         assert row["engine KV bytes"] <= budget, name  # KIVI's residuals out of the same budget
-        assert row["preemptions"] > 0, name  # 3x the requests that fit: the pool fills
     assert by["kivi2"]["residual/request"] > 0 == by["int4_per_token_head"]["residual/request"]
     assert "the engine's tensors hold the formula's bytes in every format" in r.verdict
 
