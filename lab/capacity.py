@@ -81,16 +81,18 @@ class KVShape:
         return (f"2 (K and V) × {self.num_layers} layers × {self.num_kv_heads} KV heads × "
                 f"{self.head_dim} head_dim × {b} B")
 
-    def request_formula(self, context: int, b: int) -> str:
-        """KV bytes per request of `context` tokens, spelled out."""
+    def request_formula(self, context: int, dtype: str | int | None = None,
+                        block_size: int = 16) -> str:
+        """KV bytes per request of `context` tokens, spelled out (dtype: as layer_bytes)."""
+        per_layer = layer_bytes(self, dtype, block_size)
         if not self.window_layers:
+            per_token = kv_bytes_per_token(self, dtype, block_size)
             return f"(prompt + output) tokens × KV bytes per token = {context:,} × " \
-                   f"{kv_bytes_per_token(self, b):,} B"
-        per_layer = self.per_layer_elements * b
+                   f"{byte_figure(per_token)} B"
         full = self.num_layers - self.window_layers
         return (f"({context:,} tokens × {full} full-attention layers + min({context:,}, "
                 f"{self.window:,}) × {self.window_layers} sliding-window layers) × "
-                f"{per_layer:,} B per token and layer")
+                f"{byte_figure(per_layer)} B per token and layer")
 
     @property
     def kind(self) -> str:
@@ -249,6 +251,18 @@ def layer_bytes(shape: KVShape, dtype: str | int | None = None, block_size: int 
 
 def _whole(x: float) -> float:
     return int(x) if float(x).is_integer() else x
+
+
+def byte_figure(x: float) -> str:
+    """Bytes with separators; two decimals where a KIVI group shares K's scales."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.2f}"
+
+
+def format_parts(shape: KVShape, name: str, block_size: int = 16) -> tuple[tuple[str, float], ...]:
+    """A format's bytes per token and layer by part: ("data", ...) and its scales (and zero
+    points) beside it (kvscope.engine.kv_format_spec's KVFormat.bytes_parts)."""
+    return kv_format(name, block_size).bytes_parts(shape.num_kv_heads, shape.head_dim,
+                                                   shape.bytes_per_element)
 
 
 def kv_bytes_per_token(shape: KVShape, dtype: str | int | None = None,
