@@ -95,6 +95,12 @@ ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "float8_e4m
            "float8_e4m3fn": "fp8"}
 
 
+def block_format(name: str, model_dtype=None) -> str:
+    """A kv_cache_dtype as the blocks store it: "auto" is the model's dtype (a name or a torch
+    dtype; "auto" stays where it is not known)."""
+    return str(model_dtype).removeprefix("torch.") if name == "auto" and model_dtype else name
+
+
 def kv_format(name: str, block_size: int = 16, group: int | None = None) -> KVFormat:
     """The format ``name`` (an ``EngineConfig.kv_cache_dtype``) at ``block_size``; ``group``:
     KIVI's K group (default gcd(block_size, KIVI_GROUP))."""

@@ -155,6 +155,10 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
         self.output_box = _spin(0, 10_000_000, 1024, TIP_OUTPUT)
         self.dtype_box = QComboBox()  # (label, kv_cache_dtype) of the formats for the shape
         self.dtype_box.setToolTip(TIP_DTYPE)
+        # sized for "16-bit": the long names are cut in the box (never widening a side
+        # dock), whole in its list
+        self.dtype_box.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.dtype_box.setMinimumContentsLength(6)
         self.block_size = 16  # the engine's: KIVI's K group is gcd(block_size, 16)
 
         self.bytes_per_token_label = QLabel()
@@ -384,6 +388,7 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
         for label, fmt in formats:
             self.dtype_box.addItem(label, fmt)
         self.dtype_box.setCurrentText(chosen if chosen in (f for f, _ in formats) else "16-bit")
+        self.dtype_box.view().setMinimumWidth(self.dtype_box.view().sizeHintForColumn(0) + 24)
         self.dtype_box.blockSignals(False)
         self.source_label.setText(f"<b>{name}</b>: {shape.describe()}{engine_cache}")
         self.source_label.setToolTip("Read from config.json: num_hidden_layers, "
