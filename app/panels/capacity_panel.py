@@ -296,8 +296,9 @@ class CapacityPanel(QWidget, panels.FrameIndependent):
             table = min(self._table_width + 2, int(self.width() * 0.62))
             chart_width = self.splitter.width() - table - self.splitter.handleWidth()
             self.splitter.setSizes([table, max(1, self.splitter.width() - table)])
-        else:  # every row shown: the table never scrolls, the panel does
-            table = header + self.table.rowCount() * row
+        else:  # every row the viewport can show: beyond them the panel scrolls, then the table
+            table = min(header + self.table.rowCount() * row,
+                        max(header + TABLE_MIN_ROWS * row, self.scroll.viewport().height()))
             self.table.setMinimumHeight(table)
             chart_width = self.splitter.width()
             self.splitter.setSizes([table, max(1, self.splitter.height() - table)])
