@@ -153,6 +153,7 @@ class EngineInfo:
     block_size: int
     history_path: str | None = None  # the session the engine always records (no text)
     chat_template: bool = False  # the model can chat (the composer's chat mode)
+    kv_format: str = ""  # the engine's kv_cache_dtype, "auto" resolved ("int4_per_token_head")
     num_steps: int = 0  # steps run so far, as of the latest frame
     explanations: dict[int, MissExplanation] = field(default_factory=dict)
 

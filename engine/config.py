@@ -13,7 +13,7 @@ from reprlib import Repr
 
 from kvscope.engine import policies
 
-# kvscope.kernels.kv_formats describes each (FORMAT_NAMES: the same names)
+# kvscope.engine.kv_format_spec describes each (FORMAT_NAMES: the same names)
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_per_head",
                    "int8_per_token_head", "int4_per_token_head", "kivi4", "kivi2")
 MODEL_DTYPES = ("float32", "float16", "bfloat16")

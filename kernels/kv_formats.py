@@ -1,5 +1,5 @@
-"""KV-cache formats: what a block stores, the math that writes and reads it, and its bytes.
-Pure torch (no Qt).
+"""KV-cache formats: the math that writes and reads each (what a block stores and its bytes:
+kvscope.engine.kv_format_spec, torch-free). Pure torch (no Qt).
 
 ``EngineConfig.kv_cache_dtype`` names one:
 
@@ -26,100 +26,17 @@ Sub-byte values are packed along head_dim, element ``j`` of each byte at bits ``
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
-PLAIN = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The formats whose block hashes predate this module (checked against vLLM's): unchanged.
-DEFAULT_FORMATS = ("auto", *PLAIN, "fp8")
-QUANTIZED_FORMATS = ("fp8_per_head", "int8_per_token_head", "int4_per_token_head", "kivi4",
-                     "kivi2")
-FORMAT_NAMES = (*DEFAULT_FORMATS, *QUANTIZED_FORMATS)
-KIVI_GROUP = 16  # K tokens per group at most; the group is gcd(block_size, KIVI_GROUP)
+# What each format stores and its bytes (torch-free), here too for the kernels' callers
+from kvscope.engine.kv_format_spec import DEFAULT_FORMATS as DEFAULT_FORMATS
+from kvscope.engine.kv_format_spec import FORMAT_NAMES as FORMAT_NAMES
+from kvscope.engine.kv_format_spec import KIVI_GROUP as KIVI_GROUP
+from kvscope.engine.kv_format_spec import QUANTIZED_FORMATS as QUANTIZED_FORMATS
+from kvscope.engine.kv_format_spec import KVFormat as KVFormat
+from kvscope.engine.kv_format_spec import kv_format as kv_format
+
 INT8_MIN_SCALE, INT4_MIN_SCALE, KIVI_MIN_SCALE = 1e-6, 1e-6, 1e-5
-
-
-@dataclass(frozen=True)
-class KVFormat:
-    """One format at one block size."""
-
-    name: str
-    scheme: str  # "plain" | "fp8" | "fp8_per_head" | "int8" | "int4" | "kivi"
-    bits: int  # bits per stored value
-    group: int = 0  # kivi: K tokens per group (divides block_size)
-
-    @property
-    def is_packed(self) -> bool:
-        """Scales or zero points live beside each block (and kernels need them)."""
-        return self.scheme in ("int8", "int4", "kivi")
-
-    @property
-    def is_default(self) -> bool:
-        return self.name in DEFAULT_FORMATS
-
-    def packed_dim(self, head_dim: int) -> int:
-        return head_dim if not self.bits or self.bits >= 8 else head_dim * self.bits // 8
-
-    def data_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        if self.scheme == "plain":
-            return PLAIN.get(self.name, model_dtype)
-        if self.scheme in ("fp8", "fp8_per_head"):
-            return FP8_DTYPE
-        return torch.int8 if self.scheme == "int8" else torch.uint8
-
-    def meta_shapes(self, block_size: int, kv_heads: int, head_dim: int):
-        """(shape after [slices, sides, num_blocks], sides, dtype) of each tensor beside the
-        blocks: sides 2 for K and V alike, 1 for one side's own."""
-        if self.scheme in ("int8", "int4"):
-            return [((block_size, kv_heads), 2, torch.float32)]
-        if self.scheme == "kivi":
-            return [((block_size // self.group, kv_heads, head_dim, 2), 1, torch.float16),
-                    ((block_size, kv_heads, 2), 1, torch.float16)]
-        return []
-
-    def bytes_per_token(self, kv_heads: int, head_dim: int, model_bytes: int = 4) -> float:
-        """K and V bytes of one token in one layer with scale and zero-point overhead (the
-        per-sequence KIVI residual is ``residual_bytes``; per-layer fp8 scales are constants)."""
-        if self.scheme == "plain":
-            return 2 * kv_heads * head_dim * (PLAIN[self.name].itemsize if self.name in PLAIN
-                                              else model_bytes)
-        payload = 2 * kv_heads * head_dim * self.bits / 8
-        if self.scheme in ("int8", "int4"):
-            payload += 2 * kv_heads * 4  # a float32 scale per token, head and side
-        elif self.scheme == "kivi":  # float16 scale, zero: K per channel per G tokens, V per token
-            payload += kv_heads * (head_dim * 4 / self.group + 4)
-        return int(payload) if float(payload).is_integer() else payload
-
-    def residual_bytes(self, kv_heads: int, head_dim: int, model_bytes: int) -> int:
-        """Full-precision K one sequence keeps per layer (KIVI's open group), else 0."""
-        return (self.group - 1) * kv_heads * head_dim * model_bytes if self.scheme == "kivi" \
-            else 0
-
-
-ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "float8_e4m3": "fp8",
-           "float8_e4m3fn": "fp8"}
-
-
-def kv_format(name: str, block_size: int = 16, group: int | None = None) -> KVFormat:
-    """The format ``name`` (an ``EngineConfig.kv_cache_dtype``) at ``block_size``; ``group``:
-    KIVI's K group (default gcd(block_size, KIVI_GROUP))."""
-    key = ALIASES.get(name.lower(), name.lower())
-    if key not in FORMAT_NAMES:
-        raise ValueError(f"unknown kv_cache_dtype {name!r}; accepted: {', '.join(FORMAT_NAMES)}")
-    if key in ("auto", *PLAIN):
-        bits = {"float32": 32, "float16": 16, "bfloat16": 16}.get(key, 0)
-        return KVFormat(key, "plain", bits)
-    if key in ("fp8", "fp8_per_head"):
-        return KVFormat(key, key, 8)
-    if key.endswith("_per_token_head"):
-        return KVFormat(key, key[:4], int(key[3]))
-    group = group or math.gcd(block_size, KIVI_GROUP)
-    if block_size % group:
-        raise ValueError(f"the KIVI group ({group}) must divide block_size ({block_size})")
-    return KVFormat(key, "kivi", int(key[4:]), group)
 
 
 def check_shape(fmt: KVFormat, head_dim: int) -> None:

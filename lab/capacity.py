@@ -1,6 +1,7 @@
 """Textbook KV-cache arithmetic from a Hugging Face ``config.json``: bytes per token, tokens and
 requests that fit in a memory budget, for the model's attention layout and its MHA / GQA / MQA
-variants, at 16-bit, fp8 or fp32. Pure Python (no torch, no Qt).
+variants, in every KV-cache format (16-bit, fp32, fp8, int8/int4 per token and head, KIVI).
+Pure Python (no torch, no Qt).
 
     KV bytes per token   = 2 (K and V) x layers x kv_heads x head_dim x bytes per element
     bytes per request    = context tokens (prompt + output) x KV bytes per token
@@ -12,9 +13,11 @@ layers + min(context, W) x windowed layers) x bytes per token per layer. Multi-h
 attention (DeepSeek) stores one compressed latent per token and layer, K and V together:
 kv_lora_rank + qk_rope_head_dim values (576 for DeepSeek-V3) in place of 2 x kv_heads x head_dim.
 
-Quantized formats (kvscope.kernels.kv_formats, which the engine's pool size uses too) add their
-scales and zero points per token (``format_bytes_per_token``); KIVI also keeps a full-precision
-K residual per running sequence (``format_residual_bytes``), charged per request here.
+Quantized formats (kvscope.engine.kv_format_spec, whose bytes the engine's pool is sized by
+too) store fewer bits per value plus their scales and zero points per token: pass their
+``kv_cache_dtype`` name where a dtype is asked for. KIVI also keeps a full-precision K residual
+per running sequence (``format_residual_bytes``): tokens that fit leave one sequence's out,
+requests that fit charge one to each request.
 
 Paged engines round each request up to whole blocks and keep some memory for activations; these
 are the upper bounds the textbook quotes.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvscope.engine.kv_format_spec import QUANTIZED_FORMATS, kv_format
 from kvscope.engine.layer_windows import sliding_layers, window_of
 
 GIB = 2**30
@@ -37,8 +41,12 @@ DTYPE_BYTES = {
     "bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "half": 2, "16-bit": 2,
     "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
 }
-# The cache precisions the capacity views compare: (label, bytes per element).
-PRECISIONS = (("16-bit", 2), ("fp8", 1))
+# The cache formats the capacity views compare: (label, kv_cache_dtype), 16-bit the baseline
+# ("vs 16-bit"); an MLA latent has no KV heads to scale per head: only PLAIN_FORMATS apply.
+FORMATS = (("fp32", "float32"), ("16-bit", "bfloat16"), ("fp8", "fp8"),
+           *((name, name) for name in QUANTIZED_FORMATS))
+PRECISIONS = (FORMATS[1], FORMATS[2])  # 16-bit and fp8: the layouts' comparison
+PLAIN_FORMATS = ("float32", "bfloat16", "fp8")
 
 
 class InvalidConfigError(ValueError):
@@ -73,16 +81,18 @@ class KVShape:
         return (f"2 (K and V) × {self.num_layers} layers × {self.num_kv_heads} KV heads × "
                 f"{self.head_dim} head_dim × {b} B")
 
-    def request_formula(self, context: int, b: int) -> str:
-        """KV bytes per request of `context` tokens, spelled out."""
+    def request_formula(self, context: int, dtype: str | int | None = None,
+                        block_size: int = 16) -> str:
+        """KV bytes per request of `context` tokens, spelled out (dtype: as layer_bytes)."""
+        per_layer = layer_bytes(self, dtype, block_size)
         if not self.window_layers:
+            per_token = kv_bytes_per_token(self, dtype, block_size)
             return f"(prompt + output) tokens × KV bytes per token = {context:,} × " \
-                   f"{kv_bytes_per_token(self, b):,} B"
-        per_layer = self.per_layer_elements * b
+                   f"{byte_figure(per_token)} B"
         full = self.num_layers - self.window_layers
         return (f"({context:,} tokens × {full} full-attention layers + min({context:,}, "
                 f"{self.window:,}) × {self.window_layers} sliding-window layers) × "
-                f"{per_layer:,} B per token and layer")
+                f"{byte_figure(per_layer)} B per token and layer")
 
     @property
     def kind(self) -> str:
@@ -213,63 +223,91 @@ def element_bytes(dtype: str | int) -> int:
         raise ValueError(f"unknown KV dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
 
 
-def kv_bytes_per_token(shape: KVShape, dtype: str | int | None = None) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element (MLA: layers x latent x
-    bytes): what one token costs while every layer holds it (inside any window)."""
-    b = shape.bytes_per_element if dtype is None else element_bytes(dtype)
-    return shape.num_layers * shape.per_layer_elements * b
+def format_label(cache: str) -> str:
+    """The capacity views' name of a kv_cache_dtype or an engine's cache dtype ("16-bit")."""
+    name = cache.removeprefix("torch.").lower()
+    if name in DTYPE_BYTES:
+        return {1: "fp8", 2: "16-bit", 4: "fp32"}[DTYPE_BYTES[name]]
+    return name
 
 
-def bytes_per_request(shape: KVShape, context_tokens: int, dtype: str | int | None = None) -> int:
-    """KV bytes held by one request of context_tokens (prompt + output) tokens; its windowed
-    layers hold min(context, W) of them."""
-    b = shape.bytes_per_element if dtype is None else element_bytes(dtype)
-    full = shape.num_layers - shape.window_layers
-    held = context_tokens * full + min(context_tokens, shape.window or 0) * shape.window_layers
-    return held * shape.per_layer_elements * b
+def formats_for(shape: KVShape) -> tuple[tuple[str, str], ...]:
+    """The (label, kv_cache_dtype) pairs that apply to the shape."""
+    return tuple(f for f in FORMATS if not shape.latent or f[1] in PLAIN_FORMATS)
 
 
-def _format(name: str, block_size: int):
-    from kvscope.kernels.kv_formats import kv_format  # torch: only for the quantized formats
-
-    return kv_format(name, block_size)
-
-
-def format_bytes_per_token(shape: KVShape, name: str, block_size: int = 16) -> float:
-    """KV bytes per token of a ``kv_cache_dtype`` format, scales and zero points included:
-    layers x (K and V payload + overhead) per KV head (fractional where a KIVI group shares
-    its K scales over G tokens)."""
+def layer_bytes(shape: KVShape, dtype: str | int | None = None, block_size: int = 16) -> float:
+    """What one token costs in one layer (K and V): its values x bytes per element, or, in a
+    quantized kv_cache_dtype, its packed values with their scales and zero points. dtype:
+    bytes per element, a dtype name or a kv_cache_dtype; None: the checkpoint's."""
+    dtype = shape.bytes_per_element if dtype is None else dtype
+    if isinstance(dtype, int) or dtype.removeprefix("torch.").lower() in DTYPE_BYTES:
+        return shape.per_layer_elements * element_bytes(dtype)
     if shape.latent:
-        raise ValueError("the quantized formats are per KV head: not for an MLA latent")
-    per_layer = _format(name, block_size).bytes_per_token(shape.num_kv_heads, shape.head_dim,
-                                                          shape.bytes_per_element)
-    return shape.num_layers * per_layer
+        raise ValueError(f"{dtype} is per KV head: not for a latent (MLA) cache")
+    return kv_format(dtype, block_size).bytes_per_token(shape.num_kv_heads, shape.head_dim,
+                                                        shape.bytes_per_element)
+
+
+def _whole(x: float) -> float:
+    return int(x) if float(x).is_integer() else x
+
+
+def byte_figure(x: float) -> str:
+    """Bytes with separators; two decimals where a KIVI group shares K's scales."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.2f}"
+
+
+def format_parts(shape: KVShape, name: str, block_size: int = 16) -> tuple[tuple[str, float], ...]:
+    """A format's bytes per token and layer by part: ("data", ...) and its scales (and zero
+    points) beside it (kvscope.engine.kv_format_spec's KVFormat.bytes_parts)."""
+    return kv_format(name, block_size).bytes_parts(shape.num_kv_heads, shape.head_dim,
+                                                   shape.bytes_per_element)
+
+
+def kv_bytes_per_token(shape: KVShape, dtype: str | int | None = None,
+                       block_size: int = 16) -> float:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element (MLA: layers x latent x
+    bytes; a quantized format: layers x its bytes per token and layer, fractional where KIVI
+    shares K's scales over a group): what one token costs while every layer holds it."""
+    return _whole(shape.num_layers * layer_bytes(shape, dtype, block_size))
 
 
 def format_residual_bytes(shape: KVShape, name: str, block_size: int = 16) -> int:
     """Full-precision bytes one running sequence keeps besides its blocks (KIVI's open K group
     in every layer); 0 for the other formats."""
-    return shape.num_layers * _format(name, block_size).residual_bytes(
+    if name.removeprefix("torch.").lower() in DTYPE_BYTES:
+        return 0
+    return shape.num_layers * kv_format(name, block_size).residual_bytes(
         shape.num_kv_heads, shape.head_dim, shape.bytes_per_element)
 
 
-def format_tokens_that_fit(memory_bytes: float, shape: KVShape, name: str, num_seqs: int = 1,
-                           block_size: int = 16) -> int:
-    """Tokens that fit beside ``num_seqs`` running sequences' residuals."""
-    left = memory_bytes - num_seqs * format_residual_bytes(shape, name, block_size)
-    return max(0, int(left // format_bytes_per_token(shape, name, block_size)))
+def bytes_per_request(shape: KVShape, context_tokens: int, dtype: str | int | None = None,
+                      block_size: int = 16) -> float:
+    """KV bytes held by one request's blocks of context_tokens (prompt + output) tokens; its
+    windowed layers hold min(context, W) of them (KIVI's residual is apart)."""
+    full = shape.num_layers - shape.window_layers
+    held = context_tokens * full + min(context_tokens, shape.window or 0) * shape.window_layers
+    return _whole(held * layer_bytes(shape, dtype, block_size))
 
 
-def tokens_that_fit(memory_bytes: float, shape: KVShape, dtype: str | int | None = None) -> int:
-    return int(memory_bytes // kv_bytes_per_token(shape, dtype))
+def tokens_that_fit(memory_bytes: float, shape: KVShape, dtype: str | int | None = None,
+                    num_seqs: int = 1, block_size: int = 16) -> int:
+    """Tokens that fit beside ``num_seqs`` running sequences' residuals (KIVI's; else none)."""
+    residual = format_residual_bytes(shape, dtype, block_size) if isinstance(dtype, str) else 0
+    left = memory_bytes - num_seqs * residual
+    return max(0, int(left // kv_bytes_per_token(shape, dtype, block_size)))
 
 
 def requests_that_fit(memory_bytes: float, shape: KVShape, context_tokens: int,
-                      dtype: str | int | None = None) -> int:
-    """Whole requests of context_tokens each that fit in memory_bytes at once."""
+                      dtype: str | int | None = None, block_size: int = 16) -> int:
+    """Whole requests of context_tokens each that fit in memory_bytes at once, each with its
+    residual (KIVI's)."""
     if context_tokens <= 0:
         raise ValueError("context_tokens must be positive")
-    return int(memory_bytes // bytes_per_request(shape, context_tokens, dtype))
+    residual = format_residual_bytes(shape, dtype, block_size) if isinstance(dtype, str) else 0
+    return int(memory_bytes // (bytes_per_request(shape, context_tokens, dtype, block_size)
+                                + residual))
 
 
 @dataclass(frozen=True)
@@ -279,10 +317,11 @@ class Capacity:
     label: str  # "GQA · 8 KV heads"
     kind: str  # MHA | GQA | MQA
     num_kv_heads: int
-    precision: str  # "16-bit" | "fp8" | "fp32"
-    bytes_per_element: int
-    bytes_per_token: int
-    bytes_per_request: int
+    precision: str  # "16-bit" | "fp8" | "fp32" | a quantized kv_cache_dtype
+    format: str  # its kv_cache_dtype ("bfloat16" for 16-bit)
+    bytes_per_token: float  # scales and zero points included
+    residual_bytes: int  # per running request, apart (KIVI's open K group)
+    bytes_per_request: float
     tokens_fit: int
     requests_fit: int
     is_model: bool  # the config's own layout
@@ -303,20 +342,20 @@ def variants(shape: KVShape) -> list[tuple[str, KVShape, bool]]:
 
 
 def capacity_table(shape: KVShape, memory_bytes: float, context_tokens: int,
-                   precisions=PRECISIONS) -> list[Capacity]:
-    """Every variant x precision: bytes/token, bytes/request, tokens and requests that fit."""
+                   formats=PRECISIONS, block_size: int = 16,
+                   layouts: list | None = None) -> list[Capacity]:
+    """Every layout (default: every variant) x format (label, kv_cache_dtype): bytes per
+    token and per request, the residual per request, tokens and requests that fit."""
     rows = []
-    for label, s, own in variants(shape):
-        for name, b in precisions:
-            rows.append(Capacity(label, s.kind, s.num_kv_heads, name, b, kv_bytes_per_token(s, b),
-                                 bytes_per_request(s, context_tokens, b),
-                                 tokens_that_fit(memory_bytes, s, b),
-                                 requests_that_fit(memory_bytes, s, context_tokens, b), own))
+    for label, s, own in variants(shape) if layouts is None else layouts:
+        for name, fmt in formats:
+            rows.append(Capacity(
+                label, s.kind, s.num_kv_heads, name, fmt, kv_bytes_per_token(s, fmt, block_size),
+                format_residual_bytes(s, fmt, block_size),
+                bytes_per_request(s, context_tokens, fmt, block_size),
+                tokens_that_fit(memory_bytes, s, fmt, block_size=block_size),
+                requests_that_fit(memory_bytes, s, context_tokens, fmt, block_size), own))
     return rows
-
-
-def precision_name(bytes_per_element: int) -> str:
-    return {1: "fp8", 2: "16-bit", 4: "fp32"}.get(bytes_per_element, f"{bytes_per_element} B")
 
 
 def binary_unit(n: float) -> tuple[str, int]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from kvscope.app.frames import EngineInfo, Frame, RequestText, evicted_at
 from kvscope.app.host import protocol
 from kvscope.app.host.tables import RequestTable, SampledCounts
+from kvscope.engine.kv_format_spec import block_format
 from kvscope.engine.stream import StepQueue
 from kvscope.engine.token_text import TokenPieces
 
@@ -273,7 +274,8 @@ class EngineHost:
             kv_bytes_per_token=runner.kv_bytes_per_token,
             num_blocks=engine.num_blocks, block_size=engine.config.block_size,
             history_path=self._start_history() if self.keep_history else None,
-            chat_template=bool(getattr(engine.tokenizer, "chat_template", None)))))
+            chat_template=bool(getattr(engine.tokenizer, "chat_template", None)),
+            kv_format=block_format(runner.format.name, runner.cache_dtype))))
         self._publish(force=True)
 
     def _submit(self, prompt, params, cache_salt) -> None:

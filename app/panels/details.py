@@ -47,6 +47,7 @@ class DetailsPanel(QWidget):
         self.selection.blocks_changed.connect(self._describe_block)
         self.selection.host_blocks_changed.connect(self._describe_host_block)
         self.snapshot = None
+        self.block_kv = ""  # a block's format and bytes (pool_text.block_kv_text)
         self.help = QLabel(HOW_TO_READ)
         self.help.setWordWrap(True)
         self.help.setAlignment(Qt.AlignLeft | Qt.AlignTop)
@@ -113,7 +114,7 @@ class DetailsPanel(QWidget):
         snap = self.snapshot
         if len(blocks) == 1 and snap is not None:
             block = blocks[0]
-            body = describe_block(snap, block)
+            body = describe_block(snap, block, kv=self.block_kv)
             group = block_groups(snap)[block] if len(snap.groups) > 1 else NO_GROUP
             if group != NO_GROUP:
                 body += "<br>" + explain_group(snap.groups[group])

@@ -8,17 +8,36 @@ import numpy as np
 from kvscope.app.panels.pool_groups import NO_GROUP, block_groups, group_counts, groups_line
 from kvscope.app.panels.pool_host import device_copy, host_line
 from kvscope.engine.snapshot import CACHED, STATE_NAMES, Snapshot
+from kvscope.lab.capacity import format_bytes
 
 
-def describe_block(s: Snapshot, block: int, cell: str = "block") -> str:
+def block_kv_text(settings: dict, parts: bool = True) -> str:
+    """A block's KV format and bytes from a source's settings: "int4_per_token_head · 10 KiB
+    (data 8 KiB + scales 2 KiB)" (the parts where the model's shape is known and `parts`);
+    "": unknown."""
+    fmt, per_token = settings.get("kv_format"), settings.get("kv_bytes_per_token")
+    if not fmt or not per_token or not settings.get("block_size"):
+        return fmt or ""
+    block = per_token * settings["block_size"]
+    parts = (settings.get("kv_parts") or ()) if parts else ()
+    total = sum(b for _, b in parts)
+    split = " (" + " + ".join(f"{part} {format_bytes(block * b / total)}" for part, b in parts) \
+        + ")" if len(parts) > 1 else ""
+    return f"{fmt} · {format_bytes(block)}{split}"
+
+
+def describe_block(s: Snapshot, block: int, cell: str = "block", kv: str = "") -> str:
     """One line about a block in a snapshot: state, ref count, where else its hash is (a host
-    tier), its KV-cache group (several), owners (in every group's tables), tokens, hash, last
-    use. `cell` names it ("hash slot" when attached to a server)."""
+    tier), its format and bytes (`kv`: block_kv_text), its KV-cache group (several), owners (in
+    every group's tables), tokens, hash, last use. `cell` names it ("hash slot" when attached
+    to a server)."""
     tables = (s.block_tables, *s.more_tables)
     owners = sorted((rid, g) for g, group in enumerate(tables) for rid, t in group.items()
                     if block in t)
     text = (f"{cell} {block} · {STATE_NAMES[s.state[block]]} · ref {s.ref_count[block]}"
             + device_copy(s, block))  # (early: the caption is one line, cut at its width)
+    if kv:
+        text += f" · {kv}"
     group = block_groups(s)[block] if len(s.groups) > 1 else NO_GROUP
     if group != NO_GROUP:
         text += f" · {s.groups[group].name}"

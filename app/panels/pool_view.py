@@ -98,6 +98,7 @@ class PoolView(QWidget):
         self.group_layers = GroupLayers(self.plot)
         self._title_form = 0  # pool_title's form that fits the width (see _fit_title)
         self.cell = "block"  # what a cell is called (set_terms)
+        self.block_kv = ""  # its format and bytes (set_block_kv)
         self._cached_term = "darker = evicted sooner"  # what cached shades mean (set_terms)
         self.hover_label = QLabel(self._hint())
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -356,8 +357,13 @@ class PoolView(QWidget):
     def _hint(self) -> str:
         return f"hover a {self.cell} for details"
 
+    def set_block_kv(self, text: str) -> None:
+        """What every block stores, said in the hover (pool_text.block_kv_text)."""
+        self.block_kv = text
+        self._describe_hovered()
+
     def describe(self, block: int) -> str:
-        return describe_block(self.snapshot, block, self.cell)
+        return describe_block(self.snapshot, block, self.cell, self.block_kv)
 
     def _on_mouse_moved(self, pos) -> None:
         self._mouse = pos

@@ -79,7 +79,8 @@ class FrameSource:
 
     def settings(self) -> dict:
         """model, num_blocks, block_size, kv_cache_dtype, enable_prefix_caching, policy;
-        host_blocks and kv_bytes_per_token where known."""
+        host_blocks, kv_bytes_per_token, kv_format (the blocks' format, "auto" resolved) and
+        kv_parts (its bytes per token and layer by part: format_parts) where known."""
         return {}
 
     def close(self) -> None:

@@ -7,7 +7,18 @@ from kvscope.app.frames import Frame
 from kvscope.app.sources.base import MAX_EVENTS, FrameSource
 from kvscope.app.sources.replay import ReplaySource
 from kvscope.engine.explain import MissExplanation
+from kvscope.lab.capacity import InvalidConfigError, KVShape, format_parts
 from kvscope.sessions import SessionError, SessionReader
+
+
+def _parts(info) -> tuple:
+    """The engine format's bytes per token and layer by part (data, scales), from its model's
+    config; () where the config does not say."""
+    try:
+        return format_parts(KVShape.from_hf_dict(info.model_config), info.kv_format,
+                            info.block_size)
+    except (InvalidConfigError, ValueError, KeyError, TypeError):
+        return ()
 
 
 class LiveSource(FrameSource):
@@ -82,8 +93,9 @@ class LiveSource(FrameSource):
         if info is None:
             return {}
         return {"model": info.model_name, "num_blocks": info.num_blocks,
-                "block_size": info.block_size, "kv_cache_dtype": info.cache_dtype,
-                "kv_bytes_per_token": info.kv_bytes_per_token}
+                "block_size": info.block_size, "kv_cache_dtype": info.kv_format,
+                "kv_bytes_per_token": info.kv_bytes_per_token, "kv_format": info.kv_format,
+                "kv_parts": _parts(info)}
 
     def close(self) -> None:
         self.reset()

@@ -6,6 +6,7 @@ from kvscope.app.frames import Frame, RequestRow, evicted_at
 from kvscope.app.sources.base import FrameSource
 from kvscope.engine import events as ev
 from kvscope.engine.explain import MissExplanation
+from kvscope.engine.kv_format_spec import block_format
 from kvscope.engine.lifecycle import LIFECYCLE_KINDS, RUNNING, Lifecycles
 from kvscope.sessions import SessionError, SessionReader
 
@@ -142,7 +143,16 @@ class ReplaySource(FrameSource):
                 "block_size": meta.block_size, "kv_cache_dtype": cfg.get("kv_cache_dtype"),
                 "enable_prefix_caching": cfg.get("enable_prefix_caching"),
                 "policy": cfg.get("eviction_policy"), "host_blocks": self.host_blocks(),
-                "kv_bytes_per_token": meta.kv_bytes_per_token}
+                "kv_bytes_per_token": meta.kv_bytes_per_token, "kv_format": self.kv_format()}
+
+    def kv_format(self) -> str:
+        """The blocks' format, from the engine config (a session from before the formats: its
+        kv_cache_dtype; "auto" is the model's dtype, float32 on the CPU unless the config
+        names one)."""
+        meta = self.reader.meta
+        cfg = meta.engine_config
+        cpu = "float32" if str(meta.device).startswith("cpu") else None
+        return block_format(str(cfg.get("kv_cache_dtype") or "auto"), cfg.get("dtype") or cpu)
 
     def host_blocks(self) -> int:
         """The host tier's blocks (0: none), as the first step's snapshot holds it (a tier

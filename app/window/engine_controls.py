@@ -89,7 +89,8 @@ class EngineControls:
         w = self.w
         self._close_progress()
         w.model_name = self.loading_name
-        w.capacity.set_model_config(engine.model_config, w.model_name, engine.cache_dtype)
+        w.capacity.set_model_config(engine.model_config, w.model_name,
+                                    engine.kv_format or engine.cache_dtype, engine.block_size)
         w.experiments.model = w.model_name
         w.composer.set_model(engine.model_name, engine.chat_template)
         self.idle = True

@@ -20,6 +20,7 @@ from kvscope.app.panels.device_panel import DevicePanel
 from kvscope.app.panels.events_panel import EventsPanel
 from kvscope.app.panels.experiments_panel import ExperimentsPanel
 from kvscope.app.panels.lab_panel import LabPanel
+from kvscope.app.panels.pool_text import block_kv_text
 from kvscope.app.panels.pool_view import PoolView
 from kvscope.app.panels.prefix_tree_panel import PrefixTreePanel
 from kvscope.app.panels.requests_panel import RequestsPanel
@@ -142,6 +143,8 @@ class MainWindow(QMainWindow):
         settings = source.settings()
         per_token = settings.get("kv_bytes_per_token")
         self.timeline.set_block_bytes(per_token and round(per_token * settings["block_size"]))
+        self.details.block_kv = block_kv_text(settings)
+        self.pool.set_block_kv(block_kv_text(settings, parts=False))  # one line: owners too
         self.requests.set_read_only(source.read_only)
         self.composer.set_read_only(source.read_only)
         self.replay_bar.setVisible(not source.live)

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 from image_compare import ARTIFACTS, to_array
+from kv_bytes_by_hand import HAND
 from PySide6.QtCore import Qt
 
 from kvscope.app.panels.capacity_panel import KIND_COLORS, CapacityPanel
-from kvscope.lab.capacity import GIB
+from kvscope.lab.capacity import FORMATS, GIB, format_bytes
 
 # config.json files as Hugging Face ships them (meta-llama/Llama-3.1-8B-Instruct and -70B-).
 ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -61,7 +62,7 @@ def test_llama_8b_numbers_in_the_labels_and_table(panel):
     assert panel.set_model_config(LLAMA_31_8B, "Llama 3.1 8B")
     assert panel.bytes_per_token_label.text() == "131,072 B = 128 KiB"
     assert panel.tokens_fit_label.text() == "491,520 tokens"  # 60 GiB / 128 KiB
-    assert model_row(panel, "16-bit")[2:4] == ["128 KiB", "491,520"]
+    assert model_row(panel, "16-bit")[2:5] == ["128 KiB", "–", "491,520"]
     assert "GQA 8 KV" in model_row(panel, "16-bit")[0]
     assert "131,072" in panel.bytes_per_token_label.toolTip()
     assert "2 (K and V) × 32 layers × 8 KV heads × 128 head_dim × 2 B" in \
@@ -77,26 +78,64 @@ def test_70b_gqa_numbers_at_32k_context(panel):
     assert panel.bytes_per_request_label.text() == "10 GiB (10.74 GB)"
     assert "10,737,418,240" in panel.bytes_per_request_label.toolTip()
     assert panel.requests_fit_label.text() == "6 × 32,768 tokens"
-    assert model_row(panel, "16-bit")[2:] == ["320 KiB", "196,608", "6"]
-    assert model_row(panel, "fp8")[2:] == ["160 KiB", "393,216", "12"]
+    assert model_row(panel, "16-bit")[2:] == ["320 KiB", "–", "196,608", "6", "1.00×"]
+    assert model_row(panel, "fp8")[2:] == ["160 KiB", "–", "393,216", "12", "2.00×"]
 
 
-def test_variants_are_ordered_and_fp8_halves_bytes(panel):
+def test_every_format_then_the_other_layouts_in_the_chosen_one(panel):
     panel.set_model_config(LLAMA_31_8B, "Llama 3.1 8B")
-    rows = table(panel)
-    assert [(r[0], r[1]) for r in rows] == [
-        ("MHA 32 KV", "16-bit"), ("MHA 32 KV", "fp8"), ("GQA 8 KV (model)", "16-bit"),
-        ("GQA 8 KV (model)", "fp8"), ("MQA 1 KV", "16-bit"), ("MQA 1 KV", "fp8")]
-    tokens = [int(r[3].replace(",", "")) for r in rows]
-    assert tokens[0] < tokens[2] < tokens[4] and tokens[1] < tokens[3] < tokens[5]
-    assert [r.bytes_per_token for r in panel.rows] == [524288, 262144, 131072, 65536, 16384,
-                                                        8192]
+    formats = ["fp32", "16-bit", "fp8", "fp8_per_head", "int8_per_token_head",
+               "int4_per_token_head", "kivi4", "kivi2"]
+    assert [(r[0], r[1]) for r in table(panel)] == [
+        *(("GQA 8 KV (model)", f) for f in formats), ("MHA 32 KV", "16-bit"),
+        ("MQA 1 KV", "16-bit")]
+    assert [r.bytes_per_token for r in panel.rows][-2:] == [524288, 16384]
     panel.dtype_box.setCurrentText("fp8")
     assert panel.bytes_per_token_label.text() == "65,536 B = 64 KiB"
     assert panel.tokens_fit_label.text() == "983,040 tokens"
+    assert panel.vs_16_label.text() == "2.00× the tokens"
+    rows = table(panel)
+    assert [(r[0], r[1], r[6]) for r in rows[-2:]] == [("MHA 32 KV", "fp8", "2.00×"),
+                                                       ("MQA 1 KV", "fp8", "2.00×")]
+    tokens = [int(rows[i][4].replace(",", "")) for i in (8, 2, 9)]  # MHA, GQA, MQA in fp8
+    assert tokens[0] < tokens[1] < tokens[2]
+    bold = [r for r in range(panel.table.rowCount()) if panel.table.item(r, 0).font().bold()]
+    assert bold == [2]  # the chosen format's row of the model's layout
     for r in range(panel.table.rowCount()):
         for c in range(panel.table.columnCount()):
             assert panel.table.item(r, c).toolTip(), f"cell {r},{c} has no tooltip"
+
+
+SMOLLM2_135M = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                "hidden_size": 576, "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("config", [SMOLLM2_135M, LLAMA_31_8B])
+def test_every_formats_bytes_are_the_hand_numbers(panel, config):
+    """The shapes (30 layers, 3 KV heads, d 64) and (32, 8, 128) whose bytes per token are worked
+    out by hand in kv_bytes_by_hand: the table and the labels show them, in every format."""
+    panel.set_model_config(config, "a model")
+    s = panel.shape
+    hand = HAND[s.num_layers, s.num_kv_heads, s.head_dim]
+    residual = s.num_layers * 15 * s.num_kv_heads * s.head_dim * 2  # bf16 K of 15 tokens
+    mem, ctx = panel.memory_bytes, panel.context_tokens
+    for i, (label, fmt) in enumerate(FORMATS):
+        cells = table(panel)[i]
+        assert cells[1] == label
+        assert f"= {hand[fmt]:,} B" in panel.table.item(i, 2).toolTip(), fmt
+        res = residual if fmt.startswith("kivi") else 0
+        assert cells[4] == f"{(mem - res) // hand[fmt]:,}", fmt
+        assert cells[5] == f"{mem // (ctx * hand[fmt] + res):,}", fmt
+        assert cells[6] == f"{((mem - res) // hand[fmt]) / (mem // hand['bfloat16']):.2f}×"
+        panel.dtype_box.setCurrentText(label)
+        assert panel.bytes_per_token_label.text().startswith(f"{hand[fmt]:,} B = "), fmt
+        assert panel.tokens_fit_label.text() == f"{cells[4]} tokens"
+        assert ("residual" in panel.bytes_per_request_label.text()) == bool(res)
+        if res:
+            assert cells[3] == format_bytes(res)
+            assert f"+ {res:,} B of KIVI's residual" in panel.bytes_per_request_label.toolTip()
+    if s.num_layers == 30:  # kivi2, by part, as the hand sum: 30 x (2 x 3 x 16 + 48 + 12)
+        assert "30 layers × (data 96 B + scales and zeros 60 B)" in panel.table.item(7, 2).toolTip()
 
 
 def test_invalid_config_shows_an_error_and_keeps_the_numbers(panel, qtbot, tmp_path):
@@ -152,6 +191,10 @@ def test_the_engines_model_config_and_cache_dtype(panel):
     assert panel.bytes_per_token_label.text() == "262,144 B = 256 KiB"
     assert panel.set_model_config(LLAMA_31_8B, "Llama 3.1 8B")
     assert panel.dtype_box.currentText() == "16-bit"
+    assert panel.set_model_config(demo, "demo", cache_dtype="int4_per_token_head")
+    assert panel.dtype_box.currentText() == "int4_per_token_head"
+    assert "engine cache int4_per_token_head" in panel.source_label.text()
+    assert panel.bytes_per_token_label.text() == "34,816 B = 34 KiB"
 
 
 def test_presets_and_a_narrow_dock(panel, qtbot):

@@ -2,8 +2,9 @@
 ideal lines, capacity, and each verdict built from rows a fake clock would give."""
 
 import pytest
+from kv_bytes_by_hand import HAND
 
-from kvscope.lab.capacity import KVShape, kv_bytes_per_token
+from kvscope.lab.capacity import FORMATS, KVShape, kv_bytes_per_token
 from kvscope.lab.experiments import (
     block_size,
     capacity,
@@ -119,11 +120,35 @@ def test_warm_up_verdict_counts_requests_before_settling():
                          "5 % of the median after 2 requests")
 
 
-def test_capacity_verdict_compares_fp8_to_16_bit():
-    rows = [["16-bit", 2048, 16, 256, 8, 8, 0, -1, 0], ["fp8", 1024, 32, 512, 16, 16, 3, 9, 0]]
+@pytest.mark.parametrize("dims", list(HAND))
+def test_capacity_plans_every_format_by_the_hand_numbers(dims):
+    layers, heads, head_dim = dims
+    shape = KVShape(layers, heads * 3, heads, head_dim, "bfloat16")
+    budget, context = 2**30, 4096  # 256 blocks of 16 tokens per request
+    planned = {fmt: row for label, fmt, *row in capacity.plan(shape, budget, context)}
+    assert set(planned) == set(HAND[dims]) == {f for _, f in FORMATS}
+    residual = layers * 15 * heads * head_dim * 2  # KIVI: 15 tokens of bf16 K per layer
+    for fmt, (per_token, res, blocks, fit) in planned.items():
+        assert per_token == HAND[dims][fmt], fmt
+        assert res == (residual if fmt.startswith("kivi") else 0), fmt
+        assert fit == budget // (context * per_token + res), fmt
+        assert blocks == (budget - fit * res) // (16 * per_token), fmt
+
+
+def test_capacity_verdict_compares_every_format_to_16_bit():
+    def row(name, per_token, residual, blocks, fit, running, engine=None):
+        return [name, per_token, residual, blocks, blocks * 16, engine or per_token, residual,
+                0, fit, running, 0, -1, 0]
+
+    rows = [row("16-bit", 2048, 0, 16, 8, 8), row("fp8", 1024, 0, 32, 16, 16),
+            row("kivi2", 448, 30720, 26, 11, 11)]
     r = capacity.summarize(rows, 512 * 1024, 32)
-    assert "formula 8 requests, measured up to 8 running" in r.verdict
-    assert r.verdict.endswith("measured up to 16 running (2.00x; claimed 2x)")
+    assert "16-bit 2,048 B/token -> 256 tokens (1.00x), formula 8, measured up to 8" in r.verdict
+    assert "fp8 1,024 B/token -> 512 tokens (2.00x), formula 16, measured up to 16" in r.verdict
+    assert "kivi2 448 B/token + 30,720 B residual/request -> 416 tokens (1.62x)" in r.verdict
+    assert r.verdict.endswith("the engine's tensors hold the formula's bytes in every format")
+    rows[2] = row("kivi2", 448, 30720, 26, 11, 11, engine=450)
+    assert capacity.summarize(rows, 512 * 1024, 32).verdict.endswith("formula in kivi2")
 
 
 def test_fp8_agreement_and_verdict():

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from kvscope.lab.capacity import FORMATS
 from kvscope.lab.experiments import EXPERIMENTS, Cancelled, Control, run
 from kvscope.lab.experiments.bench import Bench
 
@@ -51,13 +52,20 @@ def test_warm_up_measures_each_request(bench):
     assert all(t > 0 for t in r.column("total ms"))
 
 
-def test_capacity_measured_concurrency_matches_the_formula_and_fp8_doubles_it(bench):
+def test_capacity_every_format_the_engines_bytes_are_the_formulas(bench):
     r = measure(bench, "capacity")
-    half, fp8 = r.rows
-    cols = r.columns
-    assert fp8[cols.index("pool tokens")] == 2 * half[cols.index("pool tokens")]
-    for row in r.rows:
-        assert row[cols.index("max running")] == row[cols.index("formula requests")]
+    assert r.column("format") == [label for label, _ in FORMATS]
+    # the engine's tensors, measured, hold the bytes the formula says (scales included)
+    assert r.column("engine bytes/token") == r.column("KV bytes/token")
+    assert r.column("engine residual/request") == r.column("residual/request")
+    by = {row[0]: dict(zip(r.columns, row, strict=True)) for row in r.rows}
+    assert by["fp8"]["pool tokens"] == 2 * by["16-bit"]["pool tokens"]
+    budget = 256 * by["16-bit"]["KV bytes/token"]
+    for name, row in by.items():
+        assert row["max running"] == row["formula requests"] > 0, name
+        assert row["engine KV bytes"] <= budget, name  # KIVI's residuals out of the same budget
+    assert by["kivi2"]["residual/request"] > 0 == by["int4_per_token_head"]["residual/request"]
+    assert "the engine's tensors hold the formula's bytes in every format" in r.verdict
 
 
 def test_fp8_halves_bytes_and_reports_agreement(bench):

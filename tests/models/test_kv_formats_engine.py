@@ -5,6 +5,7 @@ the pool's bytes are the formula's, and the format is part of a block's identity
 from __future__ import annotations
 
 import pytest
+from kv_bytes_by_hand import HAND, HAND_VALUES
 from model_testutil import random_prompt
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
@@ -91,36 +92,18 @@ def test_host_tier_and_cow_keep_scales_with_the_blocks(loaded):
         assert again.token_ids == one and small.counters().num_loaded_blocks > 0
 
 
-# Bytes per token by hand: (layers, KV heads, head_dim) and, per format, the sum written out:
-# per layer 2 (K, V) x heads x head_dim x bytes + scales (float32 per token and head: 4 B per
-# side), KIVI (G = 16): K payload + K float16 scale and zero per channel over 16 tokens
-# (heads x head_dim x 4 / 16) + V float16 scale and zero per token (heads x 4).
-HAND = {
-    (30, 3, 64): {"bfloat16": 30 * 2 * 3 * 64 * 2, "float32": 46080, "fp8": 11520,
-                  "fp8_per_head": 11520, "int8_per_token_head": 30 * 2 * 3 * (64 + 4),
-                  "int4_per_token_head": 30 * 2 * 3 * (32 + 4),
-                  "kivi4": 30 * (2 * 3 * 32 + 3 * 64 * 4 // 16 + 3 * 4),
-                  "kivi2": 30 * (2 * 3 * 16 + 48 + 12)},
-    (32, 8, 128): {"bfloat16": 131072, "float32": 262144, "fp8": 65536, "fp8_per_head": 65536,
-                   "int8_per_token_head": 32 * 2 * 8 * 132, "int4_per_token_head": 32 * 16 * 68,
-                   "kivi4": 32 * (1024 + 256 + 32), "kivi2": 32 * (512 + 256 + 32)},
-}
-HAND_VALUES = {(30, 3, 64): [23040, 46080, 11520, 11520, 12240, 6480, 7560, 4680],
-               (32, 8, 128): [131072, 262144, 65536, 65536, 67584, 34816, 41984, 25600]}
-
-
 @pytest.mark.parametrize("dims", list(HAND))
 def test_bytes_per_token_by_hand(dims):
     layers, heads, head_dim = dims
     shape = cap.KVShape(layers, heads * 3, heads, head_dim, "bfloat16")
     assert list(HAND[dims].values()) == HAND_VALUES[dims]
     for fmt, expect in HAND[dims].items():
-        assert cap.format_bytes_per_token(shape, fmt, 16) == expect, fmt
+        assert cap.kv_bytes_per_token(shape, fmt, 16) == expect, fmt
     residual = cap.format_residual_bytes(shape, "kivi4", 16)
     assert residual == layers * 15 * heads * head_dim * 2  # 15 tokens of bf16 K per layer
     assert cap.format_residual_bytes(shape, "int4_per_token_head") == 0
     memory = 2**30
-    assert cap.format_tokens_that_fit(memory, shape, "kivi2", 4) == \
+    assert cap.tokens_that_fit(memory, shape, "kivi2", num_seqs=4) == \
         (memory - 4 * residual) // HAND[dims]["kivi2"]
 
 
@@ -131,7 +114,7 @@ def test_the_pool_holds_the_formula_bytes(loaded, fmt):
     per_block = sum(t.numel() * t.element_size() for t in tensors) // 6
     shape = cap.KVShape.from_model_config(loaded.config)
     assert per_block == r.kv_bytes_per_block
-    assert r.kv_bytes_per_token == cap.format_bytes_per_token(shape, fmt, 16)
+    assert r.kv_bytes_per_token == cap.kv_bytes_per_token(shape, fmt, 16)
     assert r.residual_bytes == 64 * cap.format_residual_bytes(shape, fmt, 16)
 
 
