@@ -41,6 +41,9 @@ class PackedSide:
     residual: torch.Tensor | None = None  # KIVI K: [slots * (G - 1), kv_heads, head_dim]
     plan: ResidualPlan | None = None
     source: torch.Tensor | None = None  # KIVI K: the residual and the pass's new K, at store
+    # KIVI K, the triton store's: the keys full_precision_k reads, all sequences packed, and
+    # int32 [B, 2] (first position, first row) (triton_store_packed.recent_keys)
+    recent_k: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def store(x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, side: PackedSide) -> None:
