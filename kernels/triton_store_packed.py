@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from kvscope.kernels import kv_formats as kf
-from kvscope.kernels.api import to_device
 from kvscope.kernels.kv_quant import PackedSide
 
 SYM8, ASYM_ZP4, KIVI_V = 0, 1, 2  # SCHEME: int8, int4, KIVI's V (per token and head)
@@ -177,16 +176,12 @@ def _store_kivi_k(x: torch.Tensor, cache: torch.Tensor, side: PackedSide) -> Non
 
 def recent_keys(res: torch.Tensor, x: torch.Tensor, plan) -> tuple[torch.Tensor, torch.Tensor]:
     """KIVI: each sequence's full-precision keys from the start of the group its pass begins
-    in (``kv_quant.full_precision_k``), packed: (keys [sum, kv_heads, d], int32 [B, 2] of
-    (first position, first row)). Only what the pass's queries may read in full precision:
-    no copy of the residual or the context."""
+    in (``kv_quant.full_precision_k``), packed: (keys [sum, kv_heads, d],
+    ``plan.recent_index``). Only what the pass's queries may read in full precision: no copy
+    of the residual or the context."""
     rows = torch.cat([r for _, r in plan.recent])
     base = res.shape[0]
     new = x.index_select(0, (rows - base).clamp_(min=0))
     keys = new if base == 0 else torch.where(
         (rows < base)[:, None, None], res.index_select(0, rows.clamp(max=base - 1)), new)
-    starts, row = [], 0
-    for first, r in plan.recent:
-        starts.append((first, row))
-        row += r.numel()
-    return keys, to_device(torch.tensor(starts, dtype=torch.int32), x.device)
+    return keys, plan.recent_index

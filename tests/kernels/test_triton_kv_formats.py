@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kv_format_passes import World, passes
+from gpucheck.kv_passes import World, passes
 
 pytest.importorskip("triton")
 
@@ -18,7 +18,7 @@ FORMATS = ["fp8_per_head", "int8_per_token_head", "int4_per_token_head", "kivi4"
 # rotates the queries and the output instead of K and V (a b-term sum each), softmax online.
 # A code off by one moves an output by ~1e-2; the observed differences are ~1e-6.
 F32_ATOL = 2e-5
-# fp8_per_head holds a float16 model: the output's float16 rounding on top (one ulp relative).
+# A float16 model (fp8_per_head's, and one KIVI case): the output's float16 rounding on top.
 F16_ATOL, F16_REL = 1e-3, torch.finfo(torch.float16).eps
 
 
@@ -28,14 +28,10 @@ def fp8_scales(kv_heads):
             torch.linspace(0.25, 0.01, kv_heads)[:, None])
 
 
-def _model_dtype(name):
-    return torch.float16 if name == "fp8_per_head" else torch.float32
-
-
 def assert_close(got, want, name):
     assert got.dtype == want.dtype and got.shape == want.shape
     g, w = got.float(), want.float()
-    f16 = name == "fp8_per_head"
+    f16 = got.dtype == torch.float16
     bound = F16_ATOL + F16_REL * w.abs() if f16 else torch.full_like(w, F32_ATOL)
     err = (g - w).abs()
     assert (err <= bound).all(), f"{name}: max err {err.max():.3g}"
@@ -52,9 +48,10 @@ def assert_same_state(ref: World, tri: World):
         assert torch.equal(ref.residual.k, tri.residual.k)
 
 
-def run_both(name, schedule, heads, kv_heads, head_dim, block_size, seed=0, **attend):
+def run_both(name, schedule, heads, kv_heads, head_dim, block_size, seed=0, dtype=None,
+             **attend):
     num_blocks = 24
-    dtype = _model_dtype(name)
+    dtype = dtype or (torch.float16 if name == "fp8_per_head" else torch.float32)
     scales = fp8_scales(kv_heads) if name == "fp8_per_head" else (1.0, 1.0)
     worlds = [World.make(impl, name, num_blocks, block_size, kv_heads, head_dim, dtype,
                          scales=scales) for impl in ("torch", "triton")]
@@ -92,11 +89,12 @@ def test_sliding_window_softcap_and_wider_gqa(name):
 
 
 @NO_GARBAGE
-@pytest.mark.parametrize("name", ["kivi2"])
-def test_kivi_group_completed_and_reopened_in_one_block(name):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kivi_group_completed_and_reopened_in_one_block(dtype):
     """Block 32 holds two KIVI groups of 16: the chunk 40..51 completes the group 32..47 (its
     first 8 keys from the residual) and opens 48.. in the same block, whose residual slot it
-    takes over; queries 40..46 must still read 32..39 in full precision."""
-    ref, tri = run_both(name, [[40], [12], [1]], 4, 2, 64, 32, seed=2)
+    takes over; queries 40..46 must still read 32..39 in full precision (a float16 model:
+    those keys in float16)."""
+    ref, tri = run_both("kivi2", [[40], [12], [1]], 4, 2, 64, 32, seed=2, dtype=dtype)
     assert ref.fmt.group == 16 and len(tri.outputs) == 3
 

@@ -1,6 +1,7 @@
 """Forward passes' stores and attention on a quantized KV cache, as the model runner makes them
 (one layer, no model): each backend owns its cache, its scales beside the blocks and KIVI's
-residual, so a test compares what two backends store and read over the same passes."""
+residual, so a check compares what two backends store and read over the same passes (the
+formats section here, and tests/kernels/test_triton_kv_formats.py on the CPU)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ class World:
 
     @classmethod
     def make(cls, impl, name, num_blocks, block_size, kv_heads, head_dim, dtype, group=None,
-             scales=(1.0, 1.0)):
+             scales=(1.0, 1.0), device="cpu", max_seqs=4):
+        device = torch.device(device)
         fmt = kf.kv_format(name, block_size, group)
         shape = (2, num_blocks, block_size, kv_heads, fmt.packed_dim(head_dim))
-        cache = torch.zeros(shape, dtype=fmt.data_dtype(dtype))
-        meta = tuple(torch.zeros((sides, num_blocks, *rest), dtype=t)
+        cache = torch.zeros(shape, dtype=fmt.data_dtype(dtype), device=device)
+        meta = tuple(torch.zeros((sides, num_blocks, *rest), dtype=t, device=device)
                      for rest, sides, t in fmt.meta_shapes(block_size, kv_heads, head_dim))
-        residual = KiviResidual(1, 4, fmt.group, kv_heads, head_dim, dtype,
-                                torch.device("cpu")) if fmt.scheme == "kivi" else None
-        return cls(kernel_backend(impl, "cpu"), fmt, cache, meta, residual, scales)
+        residual = KiviResidual(1, max_seqs, fmt.group, kv_heads, head_dim, dtype,
+                                device) if fmt.scheme == "kivi" else None
+        scales = tuple(s.to(device) if isinstance(s, torch.Tensor) else s for s in scales)
+        return cls(kernel_backend(impl, device), fmt, cache, meta, residual, scales)
 
     def sides(self, plan):
         if not self.fmt.is_packed:
@@ -50,25 +53,32 @@ class World:
         return (PackedSide(self.fmt, False, layer, self.residual.k[0], plan),
                 PackedSide(self.fmt, True, layer))
 
-    def run(self, p: Pass, window=None, softcap=None, num_splits=None):
+    def store(self, p: Pass):
+        """Store the pass's K/V; returns the sides its attention reads with."""
         plan = None
         if self.residual is not None:
             plan = self.residual.plan([(t, s, e) for t, s, e in
                                        zip(p.tables, p.starts, p.ends, strict=True)],
-                                      self.cache.shape[2], torch.device("cpu"))
-        ks, vs = self.sides(plan)
+                                      self.cache.shape[2], self.cache.device)
+        sides = self.sides(plan)
+        self.backend.store_kv(p.k, p.v, self.cache[0], self.cache[1], p.slots, *sides)
+        return sides
+
+    def attend(self, p: Pass, sides, window=None, softcap=None, num_splits=None):
+        ks, vs = sides
         k_cache, v_cache = self.cache[0], self.cache[1]
         b = self.backend
-        b.store_kv(p.k, p.v, k_cache, v_cache, p.slots, ks, vs)
         scale = 1 / math.sqrt(p.q.shape[-1])
         if p.is_decode:
-            out = b.paged_decode_attention(p.q, k_cache, v_cache, p.table_tensor, p.ctx, scale,
-                                           ks, vs, max(p.ends), num_splits=num_splits,
-                                           window=window, softcap=softcap)
-        else:
-            out = b.paged_prefill_attention(p.q, k_cache, v_cache, p.table_tensor, p.cu, p.ctx,
-                                            scale, ks, vs, max(p.lens), window=window,
-                                            softcap=softcap)
+            return b.paged_decode_attention(p.q, k_cache, v_cache, p.table_tensor, p.ctx, scale,
+                                            ks, vs, max(p.ends), num_splits=num_splits,
+                                            window=window, softcap=softcap)
+        return b.paged_prefill_attention(p.q, k_cache, v_cache, p.table_tensor, p.cu, p.ctx,
+                                         scale, ks, vs, max(p.lens), window=window,
+                                         softcap=softcap)
+
+    def run(self, p: Pass, **attend):
+        out = self.attend(p, self.store(p), **attend)
         self.outputs.append(out)
         return out
 
@@ -83,6 +93,9 @@ class Pass:
     v: torch.Tensor
     block_size: int
 
+    def _up(self, values, dtype=torch.int64):
+        return torch.tensor(values, dtype=dtype, device=self.q.device)
+
     @property
     def lens(self):
         return [e - s for s, e in zip(self.starts, self.ends, strict=True)]
@@ -94,25 +107,26 @@ class Pass:
     @property
     def slots(self):
         bs = self.block_size
-        return torch.tensor([t[p // bs] * bs + p % bs for t, s, e in
-                             zip(self.tables, self.starts, self.ends, strict=True)
-                             for p in range(s, e)])
+        return self._up([t[p // bs] * bs + p % bs for t, s, e in
+                         zip(self.tables, self.starts, self.ends, strict=True)
+                         for p in range(s, e)])
 
     @property
     def table_tensor(self):
         width = max(len(t) for t in self.tables) + 1
-        return torch.tensor([t + [0] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+        return self._up([t + [0] * (width - len(t)) for t in self.tables], torch.int32)
 
     @property
     def ctx(self):
-        return torch.tensor(self.ends, dtype=torch.int32)
+        return self._up(self.ends, torch.int32)
 
     @property
     def cu(self):
-        return torch.tensor([0, *torch.tensor(self.lens).cumsum(0).tolist()], dtype=torch.int32)
+        return self._up([0, *torch.tensor(self.lens).cumsum(0).tolist()], torch.int32)
 
 
-def passes(schedule, heads, kv_heads, head_dim, block_size, num_blocks, dtype, seed=0):
+def passes(schedule, heads, kv_heads, head_dim, block_size, num_blocks, dtype, seed=0,
+           device="cpu"):
     """``schedule``: per pass, the new tokens of each sequence (0: not in the pass). Random
     q/k/v (k with a per-channel offset, as real keys have) and shuffled blocks."""
     gen = torch.Generator().manual_seed(seed)
@@ -128,9 +142,9 @@ def passes(schedule, heads, kv_heads, head_dim, block_size, num_blocks, dtype, s
             while len(tables[b]) * block_size < done[b] + step[b]:
                 tables[b].append(free.pop())
         t = sum(step)
-        q = torch.randn(t, heads, head_dim, generator=gen).to(dtype)
-        k = (torch.randn(t, kv_heads, head_dim, generator=gen) + offset).to(dtype)
-        v = torch.randn(t, kv_heads, head_dim, generator=gen).to(dtype)
+        q = torch.randn(t, heads, head_dim, generator=gen).to(device, dtype)
+        k = (torch.randn(t, kv_heads, head_dim, generator=gen) + offset).to(device, dtype)
+        v = torch.randn(t, kv_heads, head_dim, generator=gen).to(device, dtype)
         out.append(Pass([list(tables[b]) for b in seqs], [done[b] for b in seqs],
                         [done[b] + step[b] for b in seqs], q, k, v, block_size))
         for b in seqs:
