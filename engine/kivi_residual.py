@@ -21,6 +21,8 @@ prefilled at once (a prefix hit equals a recomputation).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from kvscope.kernels.kv_quant import ResidualPlan
@@ -113,5 +115,8 @@ class KiviResidual:
         def up(values, shape=(-1,)) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64).view(*shape).to(device)
 
+        firsts = list(accumulate((len(r) for _, r in recent), initial=0))[:-1]
         return ResidualPlan(up(w_tok), up(w_row), up(blocks), up(index), up(sources, (-1, g)),
-                            open_groups, [(f, up(r)) for f, r in recent])
+                            open_groups, [(f, up(r)) for f, r in recent],
+                            up([(f, row) for (f, _), row in zip(recent, firsts, strict=True)],
+                               (-1, 2)))

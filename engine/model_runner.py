@@ -123,9 +123,6 @@ class ModelRunner:
         self.cache_dtype = fmt.data_dtype(self.model_dtype)
         self.groups = groups or groups_of(cfg.layer_windows)
         self.num_slices = slices = self._assign_groups()
-        if not fmt.is_default and self.kernels.name == "triton":
-            raise ValueError(f"kv_cache_dtype {fmt.name!r} has no triton kernels yet: use the "
-                             "torch kernels (kernel_impl='torch') or a 16-bit or fp8 cache")
         self.kv_bytes_per_block = slices * round(block_size * fmt.bytes_per_token(
             cfg.num_kv_heads, cfg.head_dim, self.model_dtype.itemsize))
         per_token = self.kv_bytes_per_block / block_size

@@ -31,6 +31,8 @@ class ResidualPlan:
     open_groups: list[tuple[int, int, int, int]]  # (sequence, first position, first row, n)
     # per sequence: (first position of the group its pass starts in, source rows from there on)
     recent: list[tuple[int, torch.Tensor]] | None = None
+    # int64 [B, 2]: per sequence, (first position of recent, its first row in recent's order)
+    recent_index: torch.Tensor | None = None
 
 
 @dataclass
@@ -41,6 +43,9 @@ class PackedSide:
     residual: torch.Tensor | None = None  # KIVI K: [slots * (G - 1), kv_heads, head_dim]
     plan: ResidualPlan | None = None
     source: torch.Tensor | None = None  # KIVI K: the residual and the pass's new K, at store
+    # KIVI K, the triton store's: the keys full_precision_k reads, all sequences packed, and
+    # plan.recent_index (triton_store_packed.recent_keys)
+    recent_k: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def store(x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, side: PackedSide) -> None:

@@ -93,7 +93,7 @@ def _attend(q, k, v, q_pos, k_pos, scale, window=None, softcap=None, full=None
     scores = torch.bmm(qg, k.permute(1, 2, 0)).view(num_kv_heads, group, m, n).mul_(scale)
     if full is not None:
         first, k_full, g = full
-        k_full = k_full[:n - first]
+        k_full = k_full[:n - first].float()  # the model dtype's (the residual, new keys)
         own = torch.bmm(qg, k_full.permute(1, 2, 0)).view(num_kv_heads, group, m, -1).mul_(scale)
         same = (k_pos[None, first:n] // g == q_pos[:, None] // g) & ((q_pos[:, None] + 1) % g != 0)
         scores[..., first:n] = torch.where(same, own, scores[..., first:n])

@@ -11,12 +11,23 @@ logit soft-capping, a compile-time constant): each scaled score s becomes tanh(s
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kvscope.kernels import kv_formats
+from kvscope.kernels.kv_quant import PackedSide
 from kvscope.kernels.reference import is_fp8
+from kvscope.kernels.triton_kv_tiles import (
+    INT4,
+    KIVI_K,
+    kivi_full_scores,
+    load_tile,
+    meta_of,
+    side_format,
+)
 
 PREFILL_BLOCK_M = 32
 BLOCK_N = 32
@@ -33,23 +44,23 @@ def _dot_options(q: torch.Tensor) -> dict:
 
 
 @triton.jit
-def _load_kv_tile(cache_ptr, table_row_ptr, offs_n, n_mask, dims, d_mask, kv_head,
-                  stride_b, stride_s, stride_h, PAGE: tl.constexpr):
-    blocks = tl.load(table_row_ptr + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    rows = blocks * stride_b + (offs_n % PAGE) * stride_s + kv_head * stride_h
-    return tl.load(cache_ptr + rows[:, None] + dims[None, :],
-                   mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-
-
-@triton.jit
-def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, n_mask, visible,
+def _attend_tile(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, k_meta_ptr, v_meta_ptr,
+                 full_ptr, full_first, full_row, table_row, offs_n, n_mask, visible,
                  dims, d_mask, kv_head, qk_scale, stride_cb, stride_cs, stride_ch,
-                 PAGE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
-    """One key/value tile into the running softmax (m_i, l_i, acc) of the query rows `q`;
-    `visible` masks the scores (rows x keys)."""
-    k = _load_kv_tile(k_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                      stride_cb, stride_cs, stride_ch, PAGE)
+                 PAGE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                 K_FMT: tl.constexpr, V_FMT: tl.constexpr, BITS: tl.constexpr,
+                 KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, G: tl.constexpr):
+    """One key/value tile into the running softmax (m_i, l_i, acc) of the query rows `q` (at
+    positions `q_pos`); `visible` masks the scores (rows x keys)."""
+    k, k_row_scale = load_tile(k_cache_ptr, k_meta_ptr, table_row, offs_n, n_mask, dims, d_mask,
+                               kv_head, stride_cb, stride_cs, stride_ch, PAGE, K_FMT, BITS,
+                               KV_HEADS, HEAD_DIM, G)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+    if K_FMT == 1 or K_FMT == 2:
+        s = s * k_row_scale[None, :]
+    if K_FMT == 3:
+        s = kivi_full_scores(s, q, q_pos, offs_n, n_mask, full_ptr, full_first, full_row, dims,
+                             d_mask, kv_head, qk_scale, PRECISION, KV_HEADS, HEAD_DIM, G)
     if SOFTCAP > 0:  # tanh from exp (no tl.tanh): sign(x) (1 - e^-2|x|) / (1 + e^-2|x|)
         e = tl.exp(-2.0 * tl.abs(s / SOFTCAP))
         s = tl.where(s < 0, -SOFTCAP, SOFTCAP) * (1.0 - e) / (1.0 + e)
@@ -61,21 +72,44 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row, offs_n, 
     p = tl.exp(s - m_sub[:, None])
     alpha = tl.exp(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = _load_kv_tile(v_cache_ptr, table_row, offs_n, n_mask, dims, d_mask, kv_head,
-                      stride_cb, stride_cs, stride_ch, PAGE)
+    v, v_row_scale = load_tile(v_cache_ptr, v_meta_ptr, table_row, offs_n, n_mask, dims, d_mask,
+                               kv_head, stride_cb, stride_cs, stride_ch, PAGE, V_FMT, BITS,
+                               KV_HEADS, HEAD_DIM, G)
+    if V_FMT == 1 or V_FMT == 2:
+        p = p * v_row_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _head_scales(qk_scale, v_scale, k_head_scale_ptr, v_head_scale_ptr, kv_head,
+                 HEAD_SCALES: tl.constexpr):
+    """fp8_per_head: the KV head's scales times the per-layer ones."""
+    if HEAD_SCALES:
+        qk_scale = qk_scale * tl.load(k_head_scale_ptr + kv_head)
+        v_scale = v_scale * tl.load(v_head_scale_ptr + kv_head)
+    return qk_scale, v_scale
+
+
+@triton.jit
+def _full_index(full_index_ptr, seq, K_FMT: tl.constexpr):
+    """KIVI: (first position, first row) of the sequence's full-precision keys."""
+    if K_FMT == 3:
+        return tl.load(full_index_ptr + seq * 2), tl.load(full_index_ptr + seq * 2 + 1)
+    return 0, 0
 
 
 @triton.jit(do_not_specialize=["stride_tb", "window"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, cu_ptr, ctx_ptr,
+    k_meta_ptr, v_meta_ptr, k_head_scale_ptr, v_head_scale_ptr, full_ptr, full_index_ptr,
     qk_scale, v_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, BITS: tl.constexpr,
+    KV_HEADS: tl.constexpr, G: tl.constexpr, HEAD_SCALES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -89,6 +123,9 @@ def _prefill_kernel(
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < q_len
     q_pos = ctx - q_len + offs_m
+    qk_scale, v_scale = _head_scales(qk_scale, v_scale, k_head_scale_ptr, v_head_scale_ptr,
+                                     kv_head, HEAD_SCALES)
+    full_first, full_row = _full_index(full_index_ptr, seq, K_FMT)
     dims = tl.arange(0, BLOCK_D)
     d_mask = dims < HEAD_DIM
     q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + dims[None, :],
@@ -109,9 +146,11 @@ def _prefill_kernel(
         n_mask = offs_n < kv_end
         visible = ((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
                    & ((window == 0) | (offs_n[None, :] > q_pos[:, None] - window)))
-        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
-                                     offs_n, n_mask, visible, dims, d_mask, kv_head, qk_scale,
-                                     stride_cb, stride_cs, stride_ch, PAGE, PRECISION, SOFTCAP)
+        m_i, l_i, acc = _attend_tile(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr,
+                                     k_meta_ptr, v_meta_ptr, full_ptr, full_first, full_row,
+                                     table_row, offs_n, n_mask, visible, dims, d_mask, kv_head,
+                                     qk_scale, stride_cb, stride_cs, stride_ch, PAGE, PRECISION,
+                                     SOFTCAP, K_FMT, V_FMT, BITS, KV_HEADS, HEAD_DIM, G)
 
     out = acc * (v_scale / l_i)[:, None]
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + dims[None, :],
@@ -128,12 +167,14 @@ _PER_STEP = ["stride_tb", "num_splits", "window"]
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
+    k_meta_ptr, v_meta_ptr, k_head_scale_ptr, full_ptr, full_index_ptr,
     qk_scale, tokens_per_split, num_splits, window,
     stride_qb, stride_qh, stride_tb, stride_cb, stride_cs, stride_ch,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, BITS: tl.constexpr,
+    KV_HEADS: tl.constexpr, G: tl.constexpr, HEAD_SCALES: tl.constexpr,
 ):
     # One program: all query heads sharing one KV head, over one partition of the context.
     # Grouping lets K/V be loaded once per group and fills tl.dot's 16 rows (padded heads unused).
@@ -145,6 +186,10 @@ def _decode_split_kernel(
     end = tl.minimum(ctx, start + tokens_per_split)
     if window > 0:  # the query is at ctx - 1: the blocks before its window are not read
         start = tl.maximum(start, ctx - window)
+    qk_scale, _ = _head_scales(qk_scale, 1.0, k_head_scale_ptr, k_head_scale_ptr, kv_head,
+                               HEAD_SCALES)
+    full_first, full_row = _full_index(full_index_ptr, seq, K_FMT)
+    q_pos = tl.full([BLOCK_H], 0, tl.int32) + ctx - 1
     heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
     h_mask = tl.arange(0, BLOCK_H) < GROUP
     dims = tl.arange(0, BLOCK_D)
@@ -161,10 +206,12 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table_row,
-                                     offs_n, n_mask, n_mask[None, :], dims, d_mask, kv_head,
-                                     qk_scale, stride_cb, stride_cs, stride_ch, PAGE, PRECISION,
-                                     SOFTCAP)
+        m_i, l_i, acc = _attend_tile(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr,
+                                     k_meta_ptr, v_meta_ptr, full_ptr, full_first, full_row,
+                                     table_row, offs_n, n_mask, n_mask[None, :], dims, d_mask,
+                                     kv_head, qk_scale, stride_cb, stride_cs, stride_ch, PAGE,
+                                     PRECISION, SOFTCAP, K_FMT, V_FMT, BITS, KV_HEADS, HEAD_DIM,
+                                     G)
 
     # An empty partition stores m = -inf, l = 0, acc = 0: weight zero in the reduction.
     part = (seq * NUM_HEADS + heads) * num_splits + split
@@ -176,13 +223,16 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, v_scale, num_splits,
+    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, v_head_scale_ptr, v_scale, num_splits,
     stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_SCALES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    _, v_scale = _head_scales(1.0, v_scale, v_head_scale_ptr, v_head_scale_ptr, head // GROUP,
+                              HEAD_SCALES)
     splits = tl.arange(0, BLOCK_S)
     s_mask = splits < num_splits
     dims = tl.arange(0, BLOCK_D)
@@ -214,8 +264,49 @@ def _head_block(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _scales(cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float, float]:
-    return (float(k_scale), float(v_scale)) if is_fp8(cache.dtype) else (1.0, 1.0)
+@dataclass
+class _Format:
+    """What the kernels need of the KV format: the (rotated, for int4 K) queries, the score
+    and output scales, the tensors beside the blocks and the compile-time constants."""
+
+    q: torch.Tensor
+    qk_scale: float
+    v_scale: float
+    rotate_out: bool  # int4 V: the output is in the rotated space
+    tensors: dict
+    consts: dict
+
+
+def _format_of(q, k_cache, scale, k_scale, v_scale) -> _Format:
+    """``k_scale``/``v_scale``: floats (fp8 per layer; ignored for 16/32-bit caches), [kv_heads,
+    1] tensors (fp8_per_head) or ``PackedSide``s."""
+    k_fmt, v_fmt = side_format(k_scale, False), side_format(v_scale, True)
+    fmt = next((s.fmt for s in (k_scale, v_scale) if isinstance(s, PackedSide)), None)
+    head_scales = isinstance(k_scale, torch.Tensor)
+    qk, vs = float(scale), 1.0
+    if is_fp8(k_cache.dtype) and not head_scales:
+        qk, vs = qk * float(k_scale), float(v_scale)
+    if k_fmt == INT4:  # (H D q) . (H D k) = b q . k for H of order b
+        rotation = q.shape[-1] & -q.shape[-1]
+        q, qk = kv_formats.rht(q).to(q.dtype), qk / rotation
+    full, full_index = None, None
+    if k_fmt == KIVI_K:
+        assert k_scale.recent_k is not None, "KIVI K: the pass's triton store sets recent_k"
+        full, full_index = k_scale.recent_k
+    tensors = dict(k_meta_ptr=meta_of(k_scale, False), v_meta_ptr=meta_of(v_scale, True),
+                   k_head_scale_ptr=k_scale.reshape(-1) if head_scales else None,
+                   v_head_scale_ptr=v_scale.reshape(-1) if head_scales else None,
+                   full_ptr=full, full_index_ptr=full_index)
+    consts = dict(K_FMT=k_fmt, V_FMT=v_fmt, BITS=fmt.bits if fmt else 8,
+                  G=fmt.group if fmt and fmt.group else 1, KV_HEADS=k_cache.shape[2],
+                  HEAD_SCALES=head_scales)
+    return _Format(q, qk, vs, v_fmt == INT4, tensors, consts)
+
+
+def _output(out: torch.Tensor, f: _Format, dtype: torch.dtype) -> torch.Tensor:
+    if not f.rotate_out:
+        return out
+    return kv_formats.rht(out, inverse=True).to(dtype)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
@@ -223,23 +314,24 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
                             softcap=None) -> torch.Tensor:
     """``max_seqlen_q``: the longest query length, a host int (sizes the grid)."""
     q = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    out = torch.empty_like(q)
     batch = context_lens.shape[0]
     if q.shape[0] == 0 or batch == 0:
-        return out
-    k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
+        return torch.empty_like(q)
+    f = _format_of(q, k_cache, scale, k_scale, v_scale)
+    out = torch.empty(q.shape, dtype=torch.float32 if f.rotate_out else q.dtype, device=q.device)
     num_heads, head_dim = q.shape[1], q.shape[2]
     grid = (batch, num_heads, triton.cdiv(max_seqlen_q, PREFILL_BLOCK_M))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, context_lens,
-        float(scale) * k_scale, v_scale, window or 0,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        f.q, k_cache, v_cache, out, block_tables, cu_seqlens_q, context_lens, **f.tensors,
+        qk_scale=f.qk_scale, v_scale=f.v_scale, window=window or 0,
+        stride_qt=f.q.stride(0), stride_qh=f.q.stride(1), stride_ot=out.stride(0),
+        stride_oh=out.stride(1), stride_tb=block_tables.stride(0),
+        stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1), stride_ch=k_cache.stride(2),
         GROUP=num_heads // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_D=_head_block(head_dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=BLOCK_N, **_dot_options(q),
-        SOFTCAP=float(softcap or 0.0),
+        SOFTCAP=float(softcap or 0.0), **f.consts,
     )
-    return out
+    return _output(out, f, q.dtype)
 
 
 def choose_num_splits(max_context: int, batch: int, num_kv_heads: int) -> int:
@@ -255,32 +347,36 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     """``max_seqlen_k``: the longest context, a host int (sizes the split-K partitions)."""
     q = _check(q, k_cache, v_cache, block_tables, context_lens)
     batch, num_heads, head_dim = q.shape
-    out = torch.empty_like(q)
     if batch == 0:
-        return out
+        return torch.empty_like(q)
+    f = _format_of(q, k_cache, scale, k_scale, v_scale)
+    out = torch.empty(q.shape, dtype=torch.float32 if f.rotate_out else q.dtype, device=q.device)
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(max_seqlen_k, batch, num_kv_heads)
     tokens_per_split = triton.cdiv(triton.cdiv(max_seqlen_k, num_splits), BLOCK_N) * BLOCK_N
-    k_scale, v_scale = _scales(k_cache, k_scale, v_scale)
     part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
                            device=q.device)
     group = num_heads // num_kv_heads
     block_d = _head_block(head_dim)
+    v_head_scale = f.tensors.pop("v_head_scale_ptr")
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, part_m, part_l, part_acc,
-        float(scale) * k_scale, tokens_per_split, num_splits, window or 0,
-        q.stride(0), q.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        f.q, k_cache, v_cache, block_tables, context_lens, part_m, part_l, part_acc,
+        **f.tensors, qk_scale=f.qk_scale, tokens_per_split=tokens_per_split,
+        num_splits=num_splits, window=window or 0,
+        stride_qb=f.q.stride(0), stride_qh=f.q.stride(1), stride_tb=block_tables.stride(0),
+        stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1), stride_ch=k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, PAGE=page, HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
         num_warps=DECODE_NUM_WARPS, SOFTCAP=float(softcap or 0.0), **_dot_options(q),
+        **f.consts,
     )
     _decode_reduce_kernel[(batch, num_heads)](
-        part_m, part_l, part_acc, out, v_scale, num_splits, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+        part_m, part_l, part_acc, out, v_head_scale, f.v_scale, num_splits, out.stride(0),
+        out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+        GROUP=group, HEAD_SCALES=f.consts["HEAD_SCALES"],
     )
-    return out
+    return _output(out, f, q.dtype)

@@ -1,4 +1,6 @@
-"""Triton kernel writing new K/V tokens into their paged cache slots (casting or fp8-quantising)."""
+"""Triton kernel writing new K/V tokens into their paged cache slots (casting or fp8-quantising,
+with a scale per layer or per layer and KV head); the formats with scales beside the block are
+triton_store_packed's."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvscope.kernels.kv_quant import PackedSide
 from kvscope.kernels.reference import FP8_MAX, is_fp8
+from kvscope.kernels.triton_store_packed import rows_contiguous, store_side
 
 
 @triton.jit
@@ -28,7 +32,7 @@ def _store_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_FP8: tl.constexpr, FP8_LIMIT: tl.constexpr,
+    IS_FP8: tl.constexpr, FP8_LIMIT: tl.constexpr, HEAD_SCALES: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -42,6 +46,10 @@ def _store_kv_kernel(
                 mask=mask)
     v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :],
                 mask=mask)
+    if HEAD_SCALES:  # fp8_per_head: pointers to [NUM_KV_HEADS] scales
+        h_mask = heads < NUM_KV_HEADS
+        k_scale = tl.load(k_scale + heads, mask=h_mask, other=1.0)[:, None]
+        v_scale = tl.load(v_scale + heads, mask=h_mask, other=1.0)[:, None]
     if IS_FP8:
         k = _round_to_e4m3(tl.clamp(k.to(tl.float32) / k_scale, -FP8_LIMIT, FP8_LIMIT))
         v = _round_to_e4m3(tl.clamp(v.to(tl.float32) / v_scale, -FP8_LIMIT, FP8_LIMIT))
@@ -49,24 +57,29 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the KV cache must be contiguous"
+    if isinstance(k_scale, PackedSide):
+        store_side(key, k_cache, slot_mapping, k_scale)
+        store_side(value, v_cache, slot_mapping, v_scale)
+        return
     assert k_cache.dtype == v_cache.dtype
     assert k_cache.device == slot_mapping.device == key.device, "tensors on different devices"
-    key, value = _rows(key), _rows(value)
+    key, value = rows_contiguous(key), rows_contiguous(value)
+    head_scales = isinstance(k_scale, torch.Tensor)
+    if head_scales:
+        k_scale, v_scale = k_scale.reshape(-1).float(), v_scale.reshape(-1).float()
+    else:
+        k_scale, v_scale = float(k_scale), float(v_scale)
     _store_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping.contiguous(),
-        float(k_scale), float(v_scale),
+        k_scale, v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=max(2, triton.next_power_of_2(num_kv_heads)),
         BLOCK_D=triton.next_power_of_2(head_dim),
-        IS_FP8=is_fp8(k_cache.dtype), FP8_LIMIT=FP8_MAX,
+        IS_FP8=is_fp8(k_cache.dtype), FP8_LIMIT=FP8_MAX, HEAD_SCALES=head_scales,
     )

@@ -13,7 +13,11 @@
    batch 1/16/64, against the nominal peak and a device-to-device copy measured in the same run;
 4. no host synchronisation in a prefill and a decode forward (``torch.cuda.set_sync_debug_mode``)
    and engine step timing from CUDA events;
-5. NVML read as the Device panel reads it (``kvscope.app.workers.nvml``).
+5. NVML read as the Device panel reads it (``kvscope.app.workers.nvml``);
+6. the quantized KV formats (fp8_per_head, int8/int4_per_token_head, kivi4/kivi2) on the triton
+   store and attention against the torch reference over prefill and decode passes (bytes
+   stored, attention within the fp16 tolerance), and decode time per format against a float16
+   cache at the bandwidth section's target context.
 One table is printed and written to ``DIR/gpu_check.json``; the exit status is 1 if a check
 failed. kvscope is imported from this source tree (no install; no Qt, psutil or sqlite-utils).
 """
@@ -44,7 +48,7 @@ def import_kvscope_from_source() -> None:
 
 # The bandwidth figure before the long kernel sweep, so a spent budget skips kernel cases rather
 # than the figure; the engine section includes the sync checks.
-SECTIONS = ("nvml", "bandwidth", "kernels", "engine")
+SECTIONS = ("nvml", "bandwidth", "kernels", "engine", "formats")
 
 
 def parse_args(argv):
@@ -74,7 +78,7 @@ def main(argv=None) -> int:
     if not args.cpu_dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; use --cpu-dry-run", file=sys.stderr)
         return 2
-    from gpucheck import bandwidth, engine, kernels, nvml
+    from gpucheck import bandwidth, engine, formats, kernels, nvml
     from gpucheck.plan import Plan
     from gpucheck.report import Report
 
@@ -84,7 +88,8 @@ def main(argv=None) -> int:
     report = Report(started + args.budget_s)
     checks = {"nvml": nvml.check_nvml, "bandwidth": bandwidth.check_bandwidth,
               "kernels": kernels.check_kernels,
-              "engine": partial(engine.check_engine, model_folder=args.model)}
+              "engine": partial(engine.check_engine, model_folder=args.model),
+              "formats": formats.check_formats}
     for name in SECTIONS:
         if name in args.only:
             report.run(name, checks[name], plan, device)

@@ -60,13 +60,17 @@ def test_cpu_dry_run_passes_and_writes_the_table(bare_env, tmp_path):
     assert Path(report["meta"]["kvscope_source"]) == ROOT / "engine"
     rows = report["rows"]
     by_section = {s: [r for r in rows if r["section"] == s]
-                  for s in ("kernels", "engine", "sync", "bandwidth", "nvml")}
+                  for s in ("kernels", "engine", "sync", "bandwidth", "nvml", "formats")}
     assert all(by_section.values()), [s for s, r in by_section.items() if not r]
     kernels = by_section["kernels"]
     for kind in ("decode", "prefill", "store"):
         for dtype in ("fp16", "bf16", "fp8"):
             assert any(r["case"].startswith(kind) and f" {dtype} " in r["case"] for r in kernels)
     verdicts = [r for r in kernels if "cache elements" not in r["case"]] + by_section["engine"]
+    verdicts += [r for r in by_section["formats"] if not r["case"].startswith("decode time")]
+    for fmt in ("fp8_per_head", "int8_per_token_head", "int4_per_token_head", "kivi4", "kivi2"):
+        for kind in ("attention", "store", "decode time"):
+            assert any(r["case"].startswith(f"{kind} {fmt} ") for r in by_section["formats"])
     assert all(r["ok"] is True for r in verdicts)
     assert any(r["case"].startswith("int64 offsets: decode") for r in kernels)
     forwards = [r for r in by_section["sync"] if "forward" in r["case"]]

@@ -4,9 +4,11 @@ the pool's bytes are the formula's, and the format is part of a block's identity
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from kv_bytes_by_hand import HAND, HAND_VALUES
-from model_testutil import random_prompt
+from model_testutil import BlockAllocator, PagedSeq, greedy_decode, random_prompt
 
 from kvscope.engine import Engine, EngineConfig, SamplingParams
 from kvscope.engine.model_runner import ModelRunner
@@ -121,5 +123,29 @@ def test_the_pool_holds_the_formula_bytes(loaded, fmt):
 def test_bad_formats_are_refused(loaded):
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         EngineConfig(kv_cache_dtype="int3")
-    with pytest.raises(ValueError, match="no triton kernels yet"):
-        ModelRunner(loaded, 4, 8, "kivi4", kernel_impl="triton")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="triton on the CPU needs TRITON_INTERPRET=1 (tests/conftest.py)")
+@pytest.mark.parametrize("fmt", QUANTIZED_FORMATS)
+def test_triton_kernels_give_the_torch_paths_tokens(loaded, fmt):
+    """Chunked prefill (the second chunk starting mid KIVI group), a step mixing prefill and
+    decode, then batched greedy decode past group and block edges: the triton kernels
+    (interpreted) give the torch kernels' tokens and, within float32 rounding, their logits.
+    fp8_per_head with calibrated (unequal) per-head scales."""
+    pytest.importorskip("triton")
+    prompts = [random_prompt(13, seed=4), random_prompt(6, seed=5)]
+    runs = []
+    for impl in ("torch", "triton"):
+        runner = ModelRunner(loaded, 24, 8, fmt, kernel_impl=impl)
+        if fmt == "fp8_per_head":
+            runner.calibrate_kv_scales(prompts)
+        alloc = BlockAllocator(24, seed=3)
+        a, b = (PagedSeq(p, alloc, 8) for p in prompts)
+        runner.run([a.chunk(5, want_logits=False)])
+        first = runner.run([a.chunk(), b.chunk()])
+        runs.append(greedy_decode(runner, [a, b], first, 6))
+    (want_tokens, want_logits), (tokens, logits) = runs
+    assert tokens == want_tokens
+    for ours, ref in zip(logits, want_logits, strict=True):
+        assert (ours - ref).abs().max().item() <= 1e-4
