@@ -59,6 +59,7 @@ class SlotConfig:
     eviction_policy: str = "lru"
     kv_cache_dtype: str | None = None
     device: str = "attached"
+    instances: tuple = ()  # a fleet's instance names, by rank (kv_events.fleet)
 
 
 def short_key(*parts) -> int:
@@ -287,7 +288,7 @@ class HashSlots:
         else:
             up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
         text = (f"{'' if tier == TOP else tier + ' '}hash slot {slot}: hash {_show(h)} · "
-                f"dp rank {rank} · "
+                f"{self.rank_label(rank)} · "
                 f"{self.mirror.group_label(rank, group)} · {medium} · {size} tokens · {up}")
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
@@ -312,9 +313,15 @@ class HashSlots:
                 root = short_key("root", rank, group, medium, *entry[3])
                 if root not in out:
                     out[root] = identity_label(entry[3]) + \
-                        (f" · dp rank {rank}, {self.mirror.group_label(rank, group)}, {medium}"
-                         if (rank, group, medium) != (0, 0, "GPU") else "")
+                        (f" · {self.rank_label(rank)}, {self.mirror.group_label(rank, group)}, "
+                         f"{medium}" if (rank, group, medium) != (0, 0, "GPU")
+                         or self.config.instances else "")
         return out
+
+    def rank_label(self, rank: int) -> str:
+        """A rank in words: a fleet's instance by name, else a data-parallel rank."""
+        names = self.config.instances
+        return f"instance {names[rank]}" if rank < len(names) else f"dp rank {rank}"
 
     def learn_block_size(self, journal: list | None = None) -> bool:
         """Take the server's block size from its first store not yet applied here that names one
