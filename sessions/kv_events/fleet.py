@@ -43,14 +43,14 @@ def parse_instance(fields: list[str]) -> Instance:
     none). Raises ValueError saying what is wrong, in a few words."""
     if len(fields) < 2:
         raise ValueError("needs a name and an endpoint: name tcp://HOST:PORT [replay] [metrics]")
+    if len(fields) > 4:
+        raise ValueError(f"{len(fields)} fields; at most 4: name endpoint [replay] [metrics]")
     name, endpoint, *rest = fields
     if not _NAME.fullmatch(name):
         raise ValueError(f"name {name!r}: use 1-32 letters, digits, '_', '.', ':' or '-'")
     if not endpoint.startswith(ZMQ_SCHEMES):
         raise ValueError(f"endpoint {endpoint!r} is not a ZMQ address (tcp://HOST:PORT, ipc://PATH)")
     replay = metrics = None
-    if len(rest) > 2:
-        raise ValueError(f"{len(fields)} fields; at most 4: name endpoint [replay] [metrics]")
     for value in rest:
         if value == "-":
             continue
