@@ -343,14 +343,13 @@ class HashSlots:
         # blocks stored within it: every store and remove becomes an event.
         adds: dict[tuple, list] = {}
         early: list[tuple] = []
-        late: list[tuple] = []
+        late: dict[tuple, None] = {}  # an ordered set: a busy tick has thousands
         for item in journal:
             if item[0] == "+":
-                if item[1] in late:  # stored, removed and stored again within the tick
-                    late.remove(item[1])
+                late.pop(item[1], None)  # stored, removed and stored again within the tick
                 adds[item[1]] = item[2]
             elif item[1] in adds:
-                late.append(item[1])
+                late[item[1]] = None
             else:
                 early.append(item[1])
         self.learn_block_size(journal)
@@ -361,7 +360,7 @@ class HashSlots:
             if tier not in self.pools:
                 self.pools[tier], self.key_of[tier] = BlockPool(pool.num_blocks), {}
         stores = list(adds)
-        for phase in (early, stores, late):
+        for phase in (early, stores, list(late)):
             for tier, keys in by_tier(phase).items():
                 if phase is stores:
                     self._store(tier, keys, adds, step, now, events)
