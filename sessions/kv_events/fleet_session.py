@@ -22,7 +22,13 @@ import numpy as np
 from kvscope.sessions.kv_events.fleet import FleetIndex, Instance, check_fleet, mirror_digest
 from kvscope.sessions.kv_events.metrics import MetricsScraper
 from kvscope.sessions.kv_events.mirror import Health, Mirror
-from kvscope.sessions.kv_events.session import TICK_S, AttachSession, metrics_line, trouble
+from kvscope.sessions.kv_events.session import (
+    HISTORY,
+    TICK_S,
+    AttachSession,
+    metrics_line,
+    trouble,
+)
 from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS, TOP, HashSlots
 from kvscope.sessions.kv_events.subscriber import Attachment
 
@@ -94,7 +100,8 @@ class FleetSession(AttachSession):
                                instances=tuple(self.names))
         self.index = FleetIndex(self.mirror, self.names)
         self.rows: list[InstanceRow] = []
-        self.slot_ranks: dict[str, np.ndarray] = {}  # tier -> each slot's rank (-1: empty)
+        # step -> tier -> each slot's rank (-1: empty), for the snapshots kept in `history`
+        self.slot_ranks: dict[int, dict[str, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ driving
     def run(self, duration_s: float | None = None) -> None:
@@ -158,7 +165,10 @@ class FleetSession(AttachSession):
             super().tick(wall_s)
             rows, ranks = self._rows(), self._slot_ranks()
         with self.lock:
-            self.rows, self.slot_ranks = rows, ranks
+            self.rows = rows
+            self.slot_ranks[self.slots.step] = ranks
+            for step in [s for s in self.slot_ranks if s < self.slots.step - HISTORY]:
+                del self.slot_ranks[step]
 
     def _scrape(self, now: float) -> dict | None:
         """The instances' metrics deltas since the last tick, summed (KV usage: their mean)."""
