@@ -129,14 +129,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
           + (f", metrics {args.metrics}" if args.metrics else "")
           + (f", recording {args.record}" if args.record else "")
           + f", listening {args.duration:g} s", flush=True)
-    try:
-        session.run(args.duration)
-    except KeyboardInterrupt:
-        print("interrupted")
-    finally:
-        session.close()
-    for problem in session.take_problems():
-        print(f"kvscope: {problem}", file=sys.stderr)
+    listen_headless(session, args.duration)
     mirror = session.mirror
     usable = bool(mirror.health.first_seq)
     if not usable:
@@ -147,6 +140,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
               "right?", file=sys.stderr)
     print(session.summary())
     return 0 if usable else 2
+
+
+def listen_headless(session, duration_s: float) -> None:
+    """Run an attached session for duration_s seconds (Ctrl+C ends it early); say its
+    problems."""
+    try:
+        session.run(duration_s)
+    except KeyboardInterrupt:
+        print("interrupted")
+    finally:
+        session.close()
+    for problem in session.take_problems():
+        print(f"kvscope: {problem}", file=sys.stderr)
 
 
 def fleet_of(args: argparse.Namespace) -> tuple[list | None, str | None]:

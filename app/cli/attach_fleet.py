@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvscope.app.cli.attach import listen_headless
+
 
 def attach_fleet(args: argparse.Namespace, instances: list, parities: list | None) -> int:
     from kvscope.sessions.kv_events.slots import DEFAULT_SLOTS
@@ -35,14 +37,7 @@ def attach_fleet(args: argparse.Namespace, instances: list, parities: list | Non
           ", ".join(f"{i.name} {i.endpoint}" for i in instances) + ")"
           + (f", recording {args.record}" if args.record else "")
           + f", listening {args.duration:g} s", flush=True)
-    try:
-        session.run(args.duration)
-    except KeyboardInterrupt:
-        print("interrupted")
-    finally:
-        session.close()
-    for problem in session.take_problems():
-        print(f"kvscope: {problem}", file=sys.stderr)
+    listen_headless(session, args.duration)
     silent = [i.name for r, i in enumerate(instances)
               if not session.mirror.health_of(r).first_seq]
     if silent:

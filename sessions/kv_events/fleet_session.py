@@ -112,19 +112,8 @@ class FleetSession(AttachSession):
                          for rank, name in enumerate(self.names)]
         for t in self._drivers:
             t.start()
-        deadline = None if duration_s is None else time.monotonic() + duration_s
-        next_tick = time.monotonic() + self.tick_s
         try:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                end = next_tick if deadline is None else min(next_tick, deadline)
-                self._stop.wait(max(0.0, end - now))
-                now = time.monotonic()
-                if now >= next_tick:
-                    self.tick(now - next_tick + self.tick_s)
-                    next_tick = max(next_tick + self.tick_s, now)
-                if deadline is not None and now >= deadline:
-                    break
+            self._ticks(duration_s, self._stop.wait)
         finally:
             self._halt.set()
             for t in self._drivers:

@@ -81,27 +81,35 @@ class AttachSession:
     def run(self, duration_s: float | None = None) -> None:
         """Tick until duration_s has passed or stop() (on this thread)."""
         self._start_streams()
-        deadline = None if duration_s is None else time.monotonic() + duration_s
         poller = zmq.Poller()
         for a in self.attachments:
             for sock in a.sockets:  # live messages and connection events
                 poller.register(sock, zmq.POLLIN)
+
+        def wait(seconds: float) -> None:
+            poller.poll(int(seconds * 1000) + 1)
+            for a in self.attachments:  # what arrived, or a replay retry that is due
+                a.poll(0)
+
+        self._ticks(duration_s, wait)
+        for a in self.attachments:  # what arrived by the end is applied and shown
+            a.poll(0)
+        self.tick(self.tick_s)
+
+    def _ticks(self, duration_s: float | None, wait) -> None:
+        """Tick every tick_s until duration_s has passed or stop(); `wait(seconds)` between."""
+        deadline = None if duration_s is None else time.monotonic() + duration_s
         next_tick = time.monotonic() + self.tick_s
         while not self._stop.is_set():
             now = time.monotonic()
             end = next_tick if deadline is None else min(next_tick, deadline)
-            poller.poll(max(0, int((end - now) * 1000)) + 1)
-            for a in self.attachments:  # what arrived, or a replay retry that is due
-                a.poll(0)
+            wait(max(0.0, end - now))
             now = time.monotonic()
             if now >= next_tick:
                 self.tick(now - next_tick + self.tick_s)
                 next_tick = max(next_tick + self.tick_s, now)
             if deadline is not None and now >= deadline:
                 break
-        for a in self.attachments:  # what arrived by the end is applied and shown
-            a.poll(0)
-        self.tick(self.tick_s)
 
     def start(self) -> AttachSession:
         """Run on a thread of its own until stop()."""

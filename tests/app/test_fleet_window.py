@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QPointF, Qt
-from window_testutil import bare_window
-
-from kvscope.app.prefix_tree import walk
+from window_testutil import bare_window, tree_blocks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
 from kv_fake_publisher import FakePublisher, batch, stored  # noqa: E402
 
 from kvscope.sessions.kv_events.fleet import Instance  # noqa: E402
 
-SHOTS = Path(__file__).resolve().parents[2] / "artifacts"
+SHOTS = Path(__file__).resolve().parents[1] / "artifacts"  # tests/artifacts (ignored)
 
 
 @pytest.fixture
@@ -27,13 +25,6 @@ def fakes():
     yield fs
     for f in fs:
         f.close()
-
-
-def tree_blocks(w) -> int:
-    while w.tree.pending:
-        w.tree.advance()
-    w.tree.flush()
-    return sum(n.count for root in w.tree.forest for n in walk(root.children))
 
 
 def click_row(qtbot, table, row):

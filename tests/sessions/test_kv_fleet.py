@@ -53,8 +53,8 @@ def test_three_publishers_attached_at_once(ipc_dir, tmp_path):
     pub_a, rep_a = f"ipc://{ipc_dir}/a.pub", f"ipc://{ipc_dir}/a.rep"
     fake = FakePublisher()
     path = tmp_path / "fleet.kvscope"
-    with serve_kv_events(3, endpoint=pub_a, replay=rep_a) as a1, \
-            serve_kv_events(3) as c:
+    with serve_kv_events(5, endpoint=pub_a, replay=rep_a) as a1, \
+            serve_kv_events(5) as c:
         fleet = [Instance("a", pub_a, rep_a), Instance("b", fake.endpoint, fake.replay_endpoint),
                  Instance("c", c.endpoint, c.replay)]
         s = FleetSession(fleet, record=str(path), num_slots=256, tick_s=0.05,
@@ -63,10 +63,12 @@ def test_three_publishers_attached_at_once(ipc_dir, tmp_path):
             fake.wait_subscribed(timeout_s=10)
             m = s.mirror
             # a runs its workload, and is killed after it (while it waits): mid-run for the fleet
-            wait_for(lambda: "published" in (a1.proc.stdout.readline() or "published"),
-                     what="a's run")
-            wait_for(lambda: s.attachments[0].last >= 0 and len(keys_of(m, 0)) > 0)
-            time.sleep(0.3)
+            line = ""
+            while not line.startswith("published"):
+                line = a1.proc.stdout.readline() or "published ? batches"
+            batches = int(line.split()[1])
+            wait_for(lambda: s.attachments[0].last == batches - 1, timeout_s=60,
+                     what=f"a's {batches} batches")
             a1.proc.kill()
             a1.proc.wait()
             wait_exit(c)
