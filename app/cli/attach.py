@@ -1,6 +1,7 @@
 """`kvscope attach`: mirror a vLLM or SGLang server's prefix cache from its KV events.
 
     kvscope attach tcp://HOST:5557 [--replay tcp://HOST:5558] [--topic T] [--dp-ranks N]
+    kvscope attach --endpoint NAME=tcp://HOST:5557[,REPLAY][,METRICS] ... | --fleet FILE
                    [--metrics http://HOST:8000/metrics] [--record FILE [--overwrite]]
                    [--slots N] [--headless --duration S]
                    [--hash-check sha256 [--hash-seed SEED] [--vllm-version X.Y[.Z]]
@@ -11,6 +12,10 @@ for S seconds, then print the mirror's summary, metrics and health. A bad addres
 (exit 2); an endpoint that sends nothing, or sends something that is not KV events, is reported
 at the end (exit 2 when nothing usable arrived) and never stops the listening early. --record
 writes a .kvscope session (the hash slots, step by step) that replays like any other.
+
+A fleet (--endpoint, repeatable, or --fleet FILE of `name endpoint [replay] [metrics]` lines):
+each instance its own subscriber, health, metrics and hash parity, all in one window and one
+recording (instances as ranks).
 """
 
 from __future__ import annotations
@@ -25,8 +30,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("attach", help="mirror a vLLM/SGLang server's KV cache from its events",
                        description="Subscribe to a vLLM or SGLang server's KV-cache events "
                        "(--kv-events-config with publisher zmq) and rebuild its prefix cache.")
-    p.add_argument("endpoint", metavar="ENDPOINT", help="the PUB endpoint, e.g. "
-                   "tcp://HOST:5557 (data-parallel rank r publishes on port + r)")
+    p.add_argument("endpoint", metavar="ENDPOINT", nargs="?", default=None,
+                   help="the PUB endpoint, e.g. tcp://HOST:5557 (data-parallel rank r publishes "
+                   "on port + r); or a fleet with --endpoint / --fleet")
+    p.add_argument("--endpoint", dest="fleet_endpoints", action="append", default=None,
+                   metavar="NAME=ENDPOINT[,REPLAY][,METRICS]",
+                   help="one instance of a fleet, named; repeatable (each its own subscriber "
+                   "and health)")
+    p.add_argument("--fleet", metavar="FILE", default=None,
+                   help="a fleet file: one instance per line, `name endpoint [replay] "
+                   "[metrics]` ('-' for none; '#' comments)")
     p.add_argument("--replay", metavar="ENDPOINT", default=None,
                    help="the replay endpoint, e.g. tcp://HOST:5558: history on attach and "
                    "missed batches on every sequence gap")
@@ -67,7 +80,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    problem = check_addresses(args.endpoint, args.replay, args.metrics)
+    instances, problem = fleet_of(args)
+    if problem is None and instances is None:
+        problem = check_addresses(args.endpoint, args.replay, args.metrics)
     if problem is None:
         from kvscope.sessions.kv_events.parity import HashParity, HashSettings, lora_paths
 
@@ -80,6 +95,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvscope: error: {problem}", file=sys.stderr)
         return 2
+    if instances is not None:
+        from kvscope.app.cli.attach_fleet import attach_fleet
+
+        parities = [HashParity(settings) for _ in instances] if args.hash_check else None
+        return attach_fleet(args, instances, parities)
     if not args.headless:
         from kvscope.app.window.gui import run_gui  # Qt is imported only here
 
@@ -109,14 +129,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
           + (f", metrics {args.metrics}" if args.metrics else "")
           + (f", recording {args.record}" if args.record else "")
           + f", listening {args.duration:g} s", flush=True)
-    try:
-        session.run(args.duration)
-    except KeyboardInterrupt:
-        print("interrupted")
-    finally:
-        session.close()
-    for problem in session.take_problems():
-        print(f"kvscope: {problem}", file=sys.stderr)
+    listen_headless(session, args.duration)
     mirror = session.mirror
     usable = bool(mirror.health.first_seq)
     if not usable:
@@ -127,6 +140,40 @@ def cmd_attach(args: argparse.Namespace) -> int:
               "right?", file=sys.stderr)
     print(session.summary())
     return 0 if usable else 2
+
+
+def listen_headless(session, duration_s: float) -> None:
+    """Run an attached session for duration_s seconds (Ctrl+C ends it early); say its
+    problems."""
+    try:
+        session.run(duration_s)
+    except KeyboardInterrupt:
+        print("interrupted")
+    finally:
+        session.close()
+    for problem in session.take_problems():
+        print(f"kvscope: {problem}", file=sys.stderr)
+
+
+def fleet_of(args: argparse.Namespace) -> tuple[list | None, str | None]:
+    """(the fleet's instances, None) with --endpoint or --fleet; (None, None) for one endpoint;
+    (None, why) when the arguments cannot be used."""
+    if not (args.fleet_endpoints or args.fleet):
+        return None, None if args.endpoint else "give an ENDPOINT, --endpoint NAME=ENDPOINT " \
+            "(repeatable) or --fleet FILE"
+    if args.endpoint or args.replay or args.metrics or args.dp_ranks > 1:
+        return None, "a fleet (--endpoint, --fleet) names each instance's replay and metrics " \
+            "itself: no ENDPOINT, --replay, --metrics or --dp-ranks beside it"
+    from kvscope.sessions.kv_events.fleet import check_fleet, parse_endpoint_option, read_fleet
+
+    try:
+        instances = [parse_endpoint_option(e) for e in args.fleet_endpoints or ()]
+        if args.fleet:
+            instances += read_fleet(args.fleet)
+        check_fleet(instances)
+    except ValueError as e:
+        return None, str(e)
+    return instances, None
 
 
 def check_addresses(endpoint: str, replay: str | None, metrics: str | None) -> str | None:

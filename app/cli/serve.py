@@ -40,6 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kvscope.lab.workload import load_workload
     from kvscope.lab.workload_run import WorkloadRunner, summarize
     from kvscope.sessions.kv_events import KVEventPublisher
+    from kvscope.sessions.kv_events.fleet import snapshot_digest
 
     workload = load_workload(resolve_workload(args.workload))
     engine = common.load_engine(args)
@@ -57,6 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(format_summary(summarize(engine, runner.result)))
         print(f"published {pub.seq} batches, {pub.num_blocks_published} block events",
               flush=True)
+        print(f"cache at the end: {snapshot_digest(engine.snapshot())}", flush=True)
         if interrupted:
             print("interrupted: unfinished requests were cancelled")
             return 130

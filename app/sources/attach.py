@@ -25,9 +25,12 @@ class AttachSource(FrameSource):
         """Raises ValueError with a one-line message for an address that cannot be used."""
         from kvscope.sessions.kv_events.session import AttachSession
 
-        self.session = AttachSession(endpoint, replay or None, topic, metrics or None,
-                                     record or None, **options)
-        self.name = endpoint
+        self._init(AttachSession(endpoint, replay or None, topic, metrics or None,
+                                 record or None, **options), record)
+
+    def _init(self, session, record: str | None) -> None:
+        self.session = session
+        self.name = session.endpoint
         self.record_path = record or None
         self.read_only = ATTACHED_READ_ONLY
         self.on_problem = None  # called with each problem, one line

@@ -74,6 +74,7 @@ class FramePump:
             self.tree_skips += 1
         self.show_status(frame.records)
         w.attach_view.after_frame(frame)
+        w.fleet_view.after_frame(frame)
 
     def show_status(self, records=()) -> None:
         w = self.w

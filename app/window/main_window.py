@@ -35,6 +35,7 @@ from kvscope.app.window.banner import ErrorBanner
 from kvscope.app.window.docks import Docks
 from kvscope.app.window.engine_controls import EngineControls
 from kvscope.app.window.file_actions import FileActions
+from kvscope.app.window.fleet_view import FleetOverlay
 from kvscope.app.window.frame_pump import FRAME_MS, FramePump
 from kvscope.app.window.range_export import RangeExporter
 from kvscope.app.window.replay_bar import ReplayBar
@@ -106,8 +107,10 @@ class MainWindow(QMainWindow):
         self.recording_label.setStyleSheet(f"color: {palette.EVICTED_COLOR}")
         self.statusBar().addPermanentWidget(self.recording_label)
         self.attach_view = AttachOverlay(self)  # only while an attached server is shown
-        self.centralWidget().layout().insertWidget(2, self.attach_view.note)
-        self.centralWidget().layout().insertWidget(3, self.attach_view.groups)
+        self.fleet_view = FleetOverlay(self)  # only while an attached fleet is shown
+        self.centralWidget().layout().insertWidget(2, self.fleet_view.table)
+        self.centralWidget().layout().insertWidget(3, self.attach_view.note)
+        self.centralWidget().layout().insertWidget(4, self.attach_view.groups)
         self.statusBar().addPermanentWidget(self.attach_view.health)
         self.frame_timer.start(FRAME_MS)
         self.docking.restore(self.settings)
@@ -151,6 +154,7 @@ class MainWindow(QMainWindow):
         self.replay_bar.play_button.setChecked(False)
         self.selection.reset()
         self.attach_view.set_source(source)
+        self.fleet_view.set_source(source)
         self.act_detach.setEnabled(source.attached)
         if not source.attached and self.recording_path is None:
             self.recording_label.setText("")
@@ -207,14 +211,18 @@ class MainWindow(QMainWindow):
         self.attach_window.show()
         return self.attach_window
 
-    def attach(self, endpoint: str, replay: str = "", topic: str = "", metrics: str = "",
-               record: str = "", slots: int | None = None, dp_ranks: int = 1) -> bool:
-        """Show a server's KV events. A bad address shows the banner and changes nothing."""
+    def attach(self, endpoint: str = "", replay: str = "", topic: str = "", metrics: str = "",
+               record: str = "", slots: int | None = None, dp_ranks: int = 1,
+               fleet: list | None = None) -> bool:
+        """Show a server's KV events, or a fleet's (`fleet`: kv_events.fleet.Instance list). A
+        bad address shows the banner and changes nothing."""
         from kvscope.app.sources.attach import AttachSource
+        from kvscope.app.sources.fleet import FleetSource
 
+        sized = {"num_slots": slots} if slots else {}
         try:
-            source = AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks,
-                                  **({"num_slots": slots} if slots else {}))
+            source = FleetSource(fleet, topic, record, **sized) if fleet else \
+                AttachSource(endpoint, replay, topic, metrics, record, dp_ranks=dp_ranks, **sized)
         except ValueError as e:
             self.banner.show_error(f"Cannot attach: {e}")
             return False

@@ -126,6 +126,9 @@ class Mirror:
         self.num_resets = 0  # AllBlocksCleared events applied
         self.evictions: Counter = Counter()  # whole second of the batch timestamp -> removes
         self.health = Health()
+        # A fleet's instances (one per rank): each its own health and hash parity
+        self.healths: dict[int, Health] = {}
+        self.parities: dict[int, object] = {}
         # When a list: ("+", key, entry) for each key that became resident, ("-", key) for each
         # that stopped being, in order (the hash-slot view drains it: see slots.py).
         self.journal: list | None = None
@@ -146,15 +149,16 @@ class Mirror:
     def _store(self, rank: int, e: Stored) -> None:
         blocks, where, group, medium = self.blocks, self._where, e.group, e.medium
         identity = self._identity(rank, e)
-        if self.parity is not None:
-            self.parity.check(e)
+        health, parity = self.health_of(rank), self.parities.get(rank, self.parity)
+        if parity is not None:
+            parity.check(e)
         self.group_ids.add(group)
         self.forms.setdefault((rank, medium), set()).add(store_form(e))
         if e.spec_kind is not None:
             self._learn_spec(rank, group, (e.spec_kind, e.sliding_window))
         parent = e.parent
         if parent is not None and not where[(rank, group, parent)]:
-            self.health.orphans += 1
+            health.orphans += 1
         for h in e.hashes:
             key = (rank, group, medium, h)
             entry = blocks.get(key)
@@ -165,15 +169,15 @@ class Mirror:
                     self.journal.append(("+", key, entry))
             else:
                 entry[0] += 1
-                self.health.duplicate_stores += 1
+                health.duplicate_stores += 1
             parent = h
         self.num_stored += len(e.hashes)
 
     def _learn_spec(self, rank: int, group: int, spec: tuple) -> None:
         known = self.specs.get((rank, group))
         if known is not None and known != spec:
-            self.health.spec_conflicts += 1
-            self.health.note(f"dp rank {rank}, KV group {group}: a store names "
+            self.health_of(rank).spec_conflicts += 1
+            self.health_of(rank).note(f"dp rank {rank}, KV group {group}: a store names "
                              f"{KVGroup.of_spec(*spec).name}, an earlier one "
                              f"{KVGroup.of_spec(*known).name}")
         self.specs[(rank, group)] = spec
@@ -219,7 +223,7 @@ class Mirror:
     def _unknown_remove(self, rank: int, medium: str) -> None:
         """A remove of a key not held: an orphan only where the tier's form allows it (see the
         module's docstring)."""
-        h = self.health
+        h = self.health_of(rank)
         h.unknown_removes += 1
         h.unknown_removes_by_medium[medium] += 1
         if medium == "GPU" or (len(self.forms.get((rank, medium), ())) == 1
@@ -239,6 +243,10 @@ class Mirror:
             self._forget(rank, key[1], key[3])
             if self.journal is not None:
                 self.journal.append(("-", key))
+
+    def health_of(self, rank: int) -> Health:
+        """The health a rank's events count in: its fleet instance's, else the mirror's."""
+        return self.healths.get(rank, self.health)
 
     # ---------------------------------------------------------------------- queries
     @property

@@ -36,14 +36,9 @@ class AttachSession:
                  num_slots: int = DEFAULT_SLOTS, parity=None, tick_s: float = TICK_S,
                  overwrite: bool = False, silent_s: float | None = None):
         """Raises ValueError (MetricsError included) for an address that cannot be used."""
-        self.endpoint, self.record_path, self.overwrite = endpoint, record, overwrite
-        self.tick_s, self.silent_s = tick_s, SILENT_S if silent_s is None else silent_s
-        self.recorder = None
-        self._layout: tuple = ()  # the slots' tiers and forms at the last tick (slots.layout)
-        self._closed = False
+        self._begin(endpoint, record, tick_s, overwrite, silent_s)
         self.mirror = Mirror(parity)
         self.scraper = MetricsScraper(metrics) if metrics else None
-        self.attachments: list[Attachment] = []
         try:
             for r in range(dp_ranks):
                 self.attachments.append(Attachment(
@@ -54,6 +49,16 @@ class AttachSession:
             raise
         self.slots = HashSlots(self.mirror, num_slots, name=endpoint, endpoint=endpoint,
                                replay=replay, topic=topic, metrics=metrics)
+
+    def _begin(self, name: str, record: str | None, tick_s: float, overwrite: bool,
+               silent_s: float | None) -> None:
+        """What every attached session starts with, before its mirror and streams."""
+        self.endpoint, self.record_path, self.overwrite = name, record, overwrite
+        self.tick_s, self.silent_s = tick_s, SILENT_S if silent_s is None else silent_s
+        self.recorder = None
+        self._layout: tuple = ()  # the slots' tiers and forms at the last tick (slots.layout)
+        self._closed = False
+        self.attachments: list[Attachment] = []
         self.lock = threading.Lock()
         self.latest = None  # the newest Snapshot
         self.history: deque = deque(maxlen=HISTORY)  # (step, Snapshot)
@@ -76,27 +81,35 @@ class AttachSession:
     def run(self, duration_s: float | None = None) -> None:
         """Tick until duration_s has passed or stop() (on this thread)."""
         self._start_streams()
-        deadline = None if duration_s is None else time.monotonic() + duration_s
         poller = zmq.Poller()
         for a in self.attachments:
             for sock in a.sockets:  # live messages and connection events
                 poller.register(sock, zmq.POLLIN)
+
+        def wait(seconds: float) -> None:
+            poller.poll(int(seconds * 1000) + 1)
+            for a in self.attachments:  # what arrived, or a replay retry that is due
+                a.poll(0)
+
+        self._ticks(duration_s, wait)
+        for a in self.attachments:  # what arrived by the end is applied and shown
+            a.poll(0)
+        self.tick(self.tick_s)
+
+    def _ticks(self, duration_s: float | None, wait) -> None:
+        """Tick every tick_s until duration_s has passed or stop(); `wait(seconds)` between."""
+        deadline = None if duration_s is None else time.monotonic() + duration_s
         next_tick = time.monotonic() + self.tick_s
         while not self._stop.is_set():
             now = time.monotonic()
             end = next_tick if deadline is None else min(next_tick, deadline)
-            poller.poll(max(0, int((end - now) * 1000)) + 1)
-            for a in self.attachments:  # what arrived, or a replay retry that is due
-                a.poll(0)
+            wait(max(0.0, end - now))
             now = time.monotonic()
             if now >= next_tick:
                 self.tick(now - next_tick + self.tick_s)
                 next_tick = max(next_tick + self.tick_s, now)
             if deadline is not None and now >= deadline:
                 break
-        for a in self.attachments:  # what arrived by the end is applied and shown
-            a.poll(0)
-        self.tick(self.tick_s)
 
     def start(self) -> AttachSession:
         """Run on a thread of its own until stop()."""
@@ -137,17 +150,8 @@ class AttachSession:
 
     # ------------------------------------------------------------------ a tick
     def tick(self, wall_s: float) -> None:
-        metrics = None
         now = time.monotonic()
-        if self.scraper is not None and now - self._last_metrics >= METRICS_EVERY_S:
-            self._last_metrics = now
-            metrics = self.scraper.poll()
-            if self.scraper.error:
-                self._problem(f"Metrics: {self.scraper.error}")
-            elif metrics:
-                self.metrics_summary.update(
-                    {k: v for k, v in metrics.items() if k not in ("hits", "queries",
-                                                                   "preemptions")})
+        metrics = self._scrape(now)
         if self.record_path and self.recorder is None and self.slots.learn_block_size():
             self._start_recording()
         if self.recorder is not None and self.slots.layout() != self._layout:
@@ -164,9 +168,25 @@ class AttachSession:
             if metrics:
                 self._metrics.append((update.record.step, metrics))
             self.health_short, self.healthy = self._short_health()
-            self.health_lines = self.mirror.health.lines() + self._slot_lines() + \
+            self.health_lines = self._health_lines() + self._slot_lines() + \
                 group_lines(snap) + tier_lines(snap)
             self.root_names = roots
+
+    def _scrape(self, now: float) -> dict | None:
+        """The metrics delta of this tick (None: not scraped in it)."""
+        if self.scraper is None or now - self._last_metrics < METRICS_EVERY_S:
+            return None
+        self._last_metrics = now
+        metrics = self.scraper.poll()
+        if self.scraper.error:
+            self._problem(f"Metrics: {self.scraper.error}")
+        elif metrics:
+            self.metrics_summary.update(
+                {k: v for k, v in metrics.items() if k not in ("hits", "queries", "preemptions")})
+        return metrics
+
+    def _health_lines(self) -> list[str]:
+        return self.mirror.health.lines()
 
     def _start_recording(self) -> None:
         from kvscope.sessions.recorder import Recorder  # sqlite only when recording
@@ -204,8 +224,7 @@ class AttachSession:
 
     def _short_health(self) -> tuple[str, bool | None]:
         h = self.mirror.health
-        lost = h.lost + h.bad_messages + h.restarts + h.orphans + h.orphan_removes + \
-            self.slots.num_overflow + len(h.unsure) + h.spec_conflicts
+        lost = trouble(h) + self.slots.num_overflow
         if not h.first_seq:  # nothing missed, nothing arrived either: not healthy yet
             return "mirror: no events yet", None if h.bad_messages == 0 else False
         late = [s for s in h.first_seq.values() if s > 0]
@@ -260,6 +279,12 @@ class AttachSession:
             extra.append(f"recorded: {self.record_path}" if self.recorder is not None else
                          f"not recorded: no KV events arrived ({self.record_path})")
         return "\n".join(lines[:-1] + extra + lines[-1:])  # the counts line stays the last
+
+
+def trouble(h) -> int:
+    """How many things a Health counts that make a mirror untrustworthy (0: none)."""
+    return h.lost + h.bad_messages + h.restarts + h.orphans + h.orphan_removes + \
+        len(h.unsure) + h.spec_conflicts
 
 
 def metrics_line(p) -> str:

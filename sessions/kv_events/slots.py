@@ -59,6 +59,7 @@ class SlotConfig:
     eviction_policy: str = "lru"
     kv_cache_dtype: str | None = None
     device: str = "attached"
+    instances: tuple = ()  # a fleet's instance names, by rank (kv_events.fleet)
 
 
 def short_key(*parts) -> int:
@@ -287,7 +288,7 @@ class HashSlots:
         else:
             up = f"parent {_show(parent)} never seen (an orphan: history not seen or removed)"
         text = (f"{'' if tier == TOP else tier + ' '}hash slot {slot}: hash {_show(h)} · "
-                f"dp rank {rank} · "
+                f"{self.rank_label(rank)} · "
                 f"{self.mirror.group_label(rank, group)} · {medium} · {size} tokens · {up}")
         if refs > 1:
             text += f" · {refs} copies (duplicate stores)"
@@ -312,9 +313,15 @@ class HashSlots:
                 root = short_key("root", rank, group, medium, *entry[3])
                 if root not in out:
                     out[root] = identity_label(entry[3]) + \
-                        (f" · dp rank {rank}, {self.mirror.group_label(rank, group)}, {medium}"
-                         if (rank, group, medium) != (0, 0, "GPU") else "")
+                        (f" · {self.rank_label(rank)}, {self.mirror.group_label(rank, group)}, "
+                         f"{medium}" if (rank, group, medium) != (0, 0, "GPU")
+                         or self.config.instances else "")
         return out
+
+    def rank_label(self, rank: int) -> str:
+        """A rank in words: a fleet's instance by name, else a data-parallel rank."""
+        names = self.config.instances
+        return f"instance {names[rank]}" if rank < len(names) else f"dp rank {rank}"
 
     def learn_block_size(self, journal: list | None = None) -> bool:
         """Take the server's block size from its first store not yet applied here that names one
@@ -336,14 +343,13 @@ class HashSlots:
         # blocks stored within it: every store and remove becomes an event.
         adds: dict[tuple, list] = {}
         early: list[tuple] = []
-        late: list[tuple] = []
+        late: dict[tuple, None] = {}  # an ordered set: a busy tick has thousands
         for item in journal:
             if item[0] == "+":
-                if item[1] in late:  # stored, removed and stored again within the tick
-                    late.remove(item[1])
+                late.pop(item[1], None)  # stored, removed and stored again within the tick
                 adds[item[1]] = item[2]
             elif item[1] in adds:
-                late.append(item[1])
+                late[item[1]] = None
             else:
                 early.append(item[1])
         self.learn_block_size(journal)
@@ -354,7 +360,7 @@ class HashSlots:
             if tier not in self.pools:
                 self.pools[tier], self.key_of[tier] = BlockPool(pool.num_blocks), {}
         stores = list(adds)
-        for phase in (early, stores, late):
+        for phase in (early, stores, list(late)):
             for tier, keys in by_tier(phase).items():
                 if phase is stores:
                     self._store(tier, keys, adds, step, now, events)

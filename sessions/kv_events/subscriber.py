@@ -15,6 +15,7 @@ Nothing here blocks for longer than the timeouts given; bad frames are counted a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import time
@@ -47,14 +48,19 @@ def digest(payload: bytes) -> bytes:
 class Attachment:
     def __init__(self, endpoint: str, replay: str | None = None, topic: str = "",
                  mirror: Mirror | None = None, replay_timeout_s: float = 1.0,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, rank: int | None = None, lock=None):
+        """rank: apply every batch under this rank, whatever rank it names (a fleet's
+        instance: its own health, `Mirror.healths[rank]`, and its own blocks); lock: held
+        while the mirror changes (a mirror that other threads apply to and read)."""
         for name, value in (("endpoint", endpoint), ("replay endpoint", replay)):
             if value is not None and not value.startswith(SCHEMES):
                 raise ValueError(f"{name} {value!r} is not a ZMQ address "
                                  "(tcp://HOST:PORT, ipc://PATH)")
         self.endpoint, self.replay, self.topic = endpoint, replay, topic
         self.mirror = mirror or Mirror()
-        self.health = self.mirror.health
+        self.rank = rank
+        self.lock = lock or contextlib.nullcontext()
+        self.health = self.mirror.health if rank is None else self.mirror.health_of(rank)
         self.replay_timeout_s = replay_timeout_s
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
@@ -212,8 +218,9 @@ class Attachment:
         self.health.restarts += 1
         self.health.note(f"publisher restarted ({why}): its blocks were dropped from the mirror "
                          "and rebuilt from its new lifetime")
-        for rank in self.ranks:
-            self.mirror.clear(rank)
+        with self.lock:
+            for rank in self.ranks:
+                self.mirror.clear(rank)
         self.last, self.last_digest, self.live_last = -1, None, -1
 
     def _fill(self, seq: int) -> None:
@@ -251,8 +258,11 @@ class Attachment:
             self._bad(f"sequence {seq}: payload is not a KV-event batch: {e}")
             return False
         self.health.first_seq.setdefault(self.endpoint, seq)
+        if self.rank is not None:
+            batch.dp_rank = self.rank
         self.ranks.add(batch.dp_rank)
-        self.mirror.apply(batch)
+        with self.lock:
+            self.mirror.apply(batch)
         return True
 
     def _bad(self, text: str) -> None:

@@ -13,7 +13,7 @@ import zmq
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
-from window_testutil import bare_window
+from window_testutil import bare_window, tree_blocks
 
 from kvscope.app.prefix_tree import _parent_blocks, walk
 
@@ -56,14 +56,6 @@ def attach_from_menu(w, qtbot, endpoint, replay="", metrics="", record=""):
         qtbot.keyClicks(field, text)
     qtbot.mouseClick(d.buttons.button(QDialogButtonBox.Ok), Qt.LeftButton)
     assert not d.isVisible()
-
-
-def tree_blocks(w) -> int:
-    """Blocks in the prefix tree panel once it has caught up with the newest frame."""
-    while w.tree.pending:
-        w.tree.advance()
-    w.tree.flush()
-    return sum(n.count for root in w.tree.forest for n in walk(root.children))
 
 
 def test_attach_from_the_menu_shows_the_mirror_and_its_health(bare, qtbot, fake):

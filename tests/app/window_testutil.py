@@ -85,3 +85,13 @@ def pause(window, qtbot) -> None:
     window.pause()
     qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     qtbot.waitUntil(lambda: window.snapshot.step == window.engine.num_steps - 1, timeout=5_000)
+
+
+def tree_blocks(w) -> int:
+    """Blocks in the prefix tree panel once it has caught up with the newest frame."""
+    from kvscope.app.prefix_tree import walk
+
+    while w.tree.pending:
+        w.tree.advance()
+    w.tree.flush()
+    return sum(n.count for root in w.tree.forest for n in walk(root.children))

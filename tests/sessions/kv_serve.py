@@ -12,15 +12,18 @@ class Served:
     replay: str
     batches: int = 0  # what it says it published, once it exited
     events: int = 0
+    cache: str = ""  # its engine's cache at the end (kv_events.fleet.snapshot_digest)
 
 
 @contextmanager
-def serve_kv_events(wait_s: int = 1, *extra: str):
-    """Runs the eviction-pressure workload on a 48-block pool, publishing on loopback; yields
-    a Served (endpoints now; counts after `finish`)."""
+def serve_kv_events(wait_s: int = 1, *extra: str, endpoint: str = "tcp://127.0.0.1:*",
+                    replay: str = "tcp://127.0.0.1:*"):
+    """Runs the eviction-pressure workload on a 48-block pool, publishing on loopback (or the
+    endpoints given: ipc ones, to restart it on the same); yields a Served (endpoints now;
+    counts after `finish`)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.app", "serve", "--kv-events", "tcp://127.0.0.1:*",
-         "--kv-events-replay", "tcp://127.0.0.1:*", "--workload", "eviction_pressure",
+        [sys.executable, "-m", "kvscope.app", "serve", "--kv-events", endpoint,
+         "--kv-events-replay", replay, "--workload", "eviction_pressure",
          "--num-blocks", "48", "--block-size", "4", "--wait", str(wait_s), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     served = Served()
@@ -40,3 +43,5 @@ def finish(served: Served) -> None:
     out = served.proc.stdout.read()
     published = next(ln for ln in out.splitlines() if ln.startswith("published"))
     served.batches, served.events = int(published.split()[1]), int(published.split()[3])
+    served.cache = next(ln for ln in out.splitlines()
+                        if ln.startswith("cache at the end: ")).split(": ", 1)[1]
