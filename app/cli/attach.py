@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.app.cli.common import positive_int
+from kvscope.app.cli.common import listen_headless, positive_int
 
 
 def add_parser(sub) -> None:
@@ -140,19 +140,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
               "right?", file=sys.stderr)
     print(session.summary())
     return 0 if usable else 2
-
-
-def listen_headless(session, duration_s: float) -> None:
-    """Run an attached session for duration_s seconds (Ctrl+C ends it early); say its
-    problems."""
-    try:
-        session.run(duration_s)
-    except KeyboardInterrupt:
-        print("interrupted")
-    finally:
-        session.close()
-    for problem in session.take_problems():
-        print(f"kvscope: {problem}", file=sys.stderr)
 
 
 def fleet_of(args: argparse.Namespace) -> tuple[list | None, str | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvscope.app.cli.attach import listen_headless
+from kvscope.app.cli.common import listen_headless
 
 
 def attach_fleet(args: argparse.Namespace, instances: list, parities: list | None) -> int:

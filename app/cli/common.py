@@ -10,6 +10,7 @@ import contextlib
 import importlib.resources
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -298,3 +299,16 @@ def ms(seconds: float | None) -> str:
 
 def pct(rate: float) -> str:
     return f"{100 * rate:.1f} %"
+
+
+def listen_headless(session, duration_s: float) -> None:
+    """Run an attached session for duration_s seconds (Ctrl+C ends it early); say its
+    problems."""
+    try:
+        session.run(duration_s)
+    except KeyboardInterrupt:
+        print("interrupted")
+    finally:
+        session.close()
+    for problem in session.take_problems():
+        print(f"kvscope: {problem}", file=sys.stderr)

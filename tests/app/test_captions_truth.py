@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QApplication
 from window_testutil import bare_window, open_replay, step
 
 from kvscope.app import palette
-from kvscope.app.panels.pool_text import describe_block
+from kvscope.app.panels.pool_text import block_kv_text, describe_block
 from kvscope.app.panels.prefix_tree_panel import HINT, node_text
 from kvscope.app.panels.text_panel import TICK, TICK_COLOR
 from kvscope.app.prefix_tree import build_tree, walk
@@ -141,9 +141,11 @@ def test_the_pool_caption_is_said_anew_when_end_moves_the_cursor(replay, qtbot, 
     # The block under the mouse as the pool has it (a re-layout may send Qt's own mouse move at
     # the cursor's place, a cell away from where the test put it), said as it is at End.
     under = w.pool.block_at(w.pool._mouse)
-    assert caption.text() == describe_block(end, under)
+    kv = block_kv_text(w.source.settings(), parts=False)
+    assert kv == "float32 · 64 KiB"  # the demo's blocks: 16 tokens x 4096 bytes
+    assert caption.text() == describe_block(end, under, kv=kv)
     if under == block:
-        assert caption.text().startswith(f"block {block} · cached · ref 0")
+        assert caption.text().startswith(f"block {block} · cached · ref 0 · {kv}")
         assert "owners" not in caption.text()
 
 
