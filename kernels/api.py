@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvscope.kernels import cpu, reference
+from kvscope.kernels import cpu, cpu_formats, reference
 from kvscope.kernels.kv_quant import PackedSide
 
 _CACHE_DTYPES = {
@@ -65,9 +65,10 @@ class KernelBackend:
 def kernel_backend(impl: str | None, device: str | torch.device) -> KernelBackend:
     """``impl`` None: triton on CUDA, "cpu" elsewhere; "cpu", "torch" or "triton" force one.
 
-    "cpu" is the torch reference with C kernels (``cpu.py``) for float32 caches in the two
-    per-layer decode calls (store and decode attention), anything else falling back to torch,
-    and prefill attention on torch's fused attention (``cpu.prefill_attention``)."""
+    "cpu" is the torch reference with C kernels (``cpu.py``): the store for float32 caches,
+    decode attention for every format (``cpu_formats.py``: packed formats read in place), a
+    float32 query given; anything else falls back to torch. Prefill attention runs on torch's
+    fused attention (``cpu.prefill_attention``)."""
     if impl is None:
         impl = "triton" if torch.device(device).type == "cuda" else "cpu"
     if impl == "cpu":
@@ -103,8 +104,8 @@ def _cpu_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, cont
 def _cpu_paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
                                 k_scale, v_scale, max_seqlen_k, num_splits=None,
                                 window=None, softcap=None) -> torch.Tensor:
-    out = cpu.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                               max_seqlen_k, window, softcap)
+    out = cpu_formats.decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                       k_scale, v_scale, max_seqlen_k, window, softcap)
     if out is None:
         out = reference.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
                                                scale, k_scale, v_scale, max_seqlen_k, num_splits,

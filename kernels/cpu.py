@@ -44,7 +44,8 @@ MAX_ROWS = 16
 # the SmolLM2 shapes here (the 30 layers' products, weights from memory, one thread), 0.6x
 # torch's time at 8 rows, 0.76x at 12, even at 16, 1.14x at 20. Alone, it takes up to 12.
 LINEAR_MAX_ROWS = 12
-_SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.c", "cpu_kv_formats.c")]
+_HEADER = Path(__file__).with_name("cpu_simd.h")
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared"]
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
@@ -55,7 +56,7 @@ def cache_dir() -> Path:
     return Path(root) / "kvscope"
 
 
-def _compile(source: Path, target: Path) -> bool:
+def _compile(sources: list[Path], target: Path) -> bool:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return False
@@ -64,7 +65,7 @@ def _compile(source: Path, target: Path) -> bool:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([cc, *_FLAGS, *extra, str(source), "-o", tmp, "-lm"],
+            done = subprocess.run([cc, *_FLAGS, *extra, *map(str, sources), "-o", tmp, "-lm"],
                                   capture_output=True, timeout=60)
             if done.returncode == 0:
                 os.replace(tmp, target)  # atomic: a parallel process sees all or nothing
@@ -91,11 +92,11 @@ def load() -> ctypes.CDLL | None:
     if not enabled():
         return None
     try:
-        source = _SOURCE.read_bytes()
+        source = b"".join(p.read_bytes() for p in (*_SOURCES, _HEADER))
         key = hashlib.sha256(source + " ".join(_FLAGS).encode()
                              + platform.node().encode() + os.uname().machine.encode())
         target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
-        if not target.exists() and not _compile(_SOURCE, target):
+        if not target.exists() and not _compile(_SOURCES, target):
             log.info("no C compiler for kvscope's CPU kernels: using torch's ops")
             return None
         lib = ctypes.CDLL(str(target))
@@ -121,6 +122,7 @@ _SIGNATURES = {
                                 _N],
     "kv_decode_layers_f32": [_P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I,
                              _P, _I, _I, _P, _N],
+    "kv_decode_attention_packed": [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _N],
 }
 
 
@@ -237,7 +239,9 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
 
 
 def _check(status: int, out_of_memory: str) -> None:
-    """Raise for a kernel's error status (the codes of cpu_kernels.c)."""
+    """Raise for a kernel's error status (the codes of cpu_kernels.c and cpu_kv_formats.c)."""
+    if status == -4:
+        raise IndexError("decode attention: a KIVI residual row outside the residual")
     if status == -3:
         raise IndexError("store_kv: slot out of range")
     if status == -2:

@@ -11,55 +11,7 @@
  * streams each weight row once, front to back (the order the hardware prefetcher follows best),
  * and dots it with every x row while it is in L1. OpenMP splits the rows of W.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 ld(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-/* A tree, not a chain of 15 dependent adds: there is one of these per output. (Element
- * lists, not memcpy: taking an accumulator's address would keep it in memory.) */
-static inline float hsum(v16 v) {
-    v8 h = (v8){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]} +
-           (v8){v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]};
-    v4 q = (v4){h[0], h[1], h[2], h[3]} + (v4){h[4], h[5], h[6], h[7]};
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline v16 vsel(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
-
-/* exp(x), 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7
- * (relative error < 1e-7 before rounding), 2^n by the exponent bits. Inputs are clamped to
- * [-87, 88]: e^-87 ~ 1.6e-38 stands for 0, and nothing here exceeds e^88. */
-static inline v16 vexp(v16 x) {
-    const v16 lo = (v16){0} - 87.0f, hi = (v16){0} + 88.0f, magic = (v16){0} + 12582912.0f;
-    x = vsel(x < lo, lo, x);
-    x = vsel(x > hi, hi, x);
-    v16 n = (x * 1.44269504088896341f + magic) - magic;  /* round to nearest */
-    v16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  /* ln2 split in two parts */
-    v16 p = (v16){0} + 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return p * (v16)bits;
-}
+#include "cpu_simd.h"
 
 /* Software prefetch of the weights `pf` bytes ahead, into L2: the hardware prefetcher alone
  * falls behind once the arithmetic per weight grows (several x rows): 8 rows ran 1.6x faster
@@ -161,16 +113,6 @@ int kv_linear_f32(const float *x, int64_t ldx, const float *W, const float *b, f
     return 0;
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
-    const int64_t n16 = n & ~(int64_t)15;
-    v16 acc = {0};
-    int64_t i = 0;
-    for (; i < n16; i += 16) acc += ld(a + i) * ld(b + i);
-    float s = hsum(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 /* out = weight * (x / sqrt(mean(x^2) + eps)) per row of D (HF's order: normalise, then scale). */
 int kv_rms_norm_f32(const float *x, const float *w, float *out, int64_t M, int64_t D, float eps) {
     for (int64_t m = 0; m < M; m++) {
@@ -225,15 +167,6 @@ int kv_store_f32(const float *key, const float *value, float *k_cache, float *v_
     return 0;
 }
 
-/* Walks positions t = lo .. n-1 of a sequence with `slot`, its row in the cache: block by block
- * through the table, no division per position (a 64-bit division costs more than the
- * arithmetic on a 64-float row). */
-#define EACH_POSITION(t, slot, lo, n, table, BS)                                              \
-    for (int64_t t = (lo), blk_ = (lo) / (BS); t < (n); blk_++)                                 \
-        for (int64_t slot = (int64_t)(table)[blk_] * (BS) + t % (BS),                         \
-                     end_ = (blk_ + 1) * (BS) < (n) ? (blk_ + 1) * (BS) : (n);                \
-             t < end_; t++, slot++)
-
 /* out[D] = sum_t w[t] * v row of position t (lo <= t < n), accumulated in registers: 64
  * columns at a time, then 16, then one. */
 static void weighted_rows(const float *w, int64_t lo, int64_t n, const float *v_cache,
@@ -279,17 +212,9 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
                             int64_t Hkv, int64_t D, int64_t BS, int64_t num_blocks,
                             int64_t window, float scale, float softcap, int num_threads) {
     const int64_t group = H / Hkv, tasks = B * Hkv;
-    int64_t max_ctx = 0;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t n = context_lens[b];
-        if (n < 0 || (n + BS - 1) / BS > table_stride) return -2;
-        const int64_t lo = window > 0 && n > window ? n - window : 0;
-        for (int64_t i = lo / BS; i < (n + BS - 1) / BS; i++) {
-            const int32_t id = block_tables[b * table_stride + i];
-            if (id < 0 || id >= num_blocks) return -2;
-        }
-        if (n > max_ctx) max_ctx = n;
-    }
+    const int64_t max_ctx = check_tables(block_tables, table_stride, context_lens, B, BS,
+                                         num_blocks, window);
+    if (max_ctx < 0) return -2;
     int failed = 0;
     int parts = num_threads > 1 && tasks > 1 ? num_threads : 1;
 #ifdef _OPENMP
@@ -307,26 +232,12 @@ int kv_decode_attention_f32(const float *q, const float *k_cache, const float *v
         const float *qg = q + (b * H + g * group) * D;
         EACH_POSITION(t, slot, lo, n, table, BS) {
             const float *k = k_cache + (slot * Hkv + g) * D;
-            for (int64_t j = 0; j < group; j++) {
-                const float s = dot(qg + j * D, k, D) * scale;
-                p[j * n + t] = softcap > 0 ? tanhf(s / softcap) * softcap : s;
-            }
+            for (int64_t j = 0; j < group; j++)
+                p[j * n + t] = capped(dot(qg + j * D, k, D) * scale, softcap);
         }
         for (int64_t j = 0; j < group; j++) {
-            float *pj = p + j * n, mx = -INFINITY, sum = 0.0f;
-            for (int64_t t = lo; t < n; t++) mx = pj[t] > mx ? pj[t] : mx;
-            int64_t t = lo;
-            for (; t + 16 <= n; t += 16) {
-                v16 e = vexp(ld(pj + t) - mx);
-                memcpy(pj + t, &e, sizeof e);
-                sum += hsum(e);
-            }
-            for (; t < n; t++) {
-                pj[t] = expf(pj[t] - mx);
-                sum += pj[t];
-            }
-            const float inv = 1.0f / sum;
-            for (t = lo; t < n; t++) pj[t] *= inv;
+            float *pj = p + j * n;
+            softmax(pj, lo, n);
             weighted_rows(pj, lo, n, v_cache, table, BS, Hkv, g, D,
                           out + (b * H + g * group + j) * D);
         }
