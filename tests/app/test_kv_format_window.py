@@ -36,7 +36,8 @@ def hover_block(w, qtbot, block: int) -> str:
 
 def active_block(w) -> int:
     blocks = [int(b) for t in w.snapshot.block_tables.values() for b in t]
-    assert blocks, "no request holds a block"
+    assert blocks, ("no request holds a block", w.snapshot.step, w.snapshot.num_active_blocks,
+                    w.snapshot.block_tables, w.running)
     return blocks[0]
 
 
@@ -60,7 +61,9 @@ def test_a_format_picked_in_the_kv_box_shows_in_the_pool_details_and_capacity(qt
     w.start_recording(str(path))
     qtbot.waitUntil(lambda: w.recording_path == str(path), timeout=5000)
 
-    # F5 runs the demo a few steps.
+    # F5 runs the demo a few steps, slowly: the pause lands while requests still hold blocks
+    # even on a loaded machine
+    w.pace_box.setValue(3)
     qtbot.keyClick(w, Qt.Key_F5)
     qtbot.waitUntil(lambda: w.snapshot is not None and w.snapshot.step >= 3
                     and w.snapshot.num_active_blocks > 0, timeout=30_000)
