@@ -90,7 +90,8 @@ class FleetOverlay:
             self.refresh()
 
     def refresh(self) -> None:
-        """The rows as the fleet session's newest tick has them."""
+        """The rows as the fleet session's newest tick has them (a recorded fleet: as recorded
+        at the step shown)."""
         rows = self.source.rows()
         t = self.table
         total = sum(r.resident for r in rows)
@@ -124,8 +125,12 @@ class FleetOverlay:
         row = rows[0].row()
         self.source.instance = None if row == 0 else row - 1
         w = self.w
+        step = w.selection.step
         w.selection.reset()
-        w.frame_pump.show(self.source.newest())
+        if self.source.live:
+            w.frame_pump.show(self.source.newest())
+        else:  # a recorded fleet: the same step, that instance's slots
+            w.selection.select_step(step)
 
     def _who_holds(self, blocks) -> None:
         """A cell clicked: which instances hold its block hash, in Details and in the table."""
