@@ -43,6 +43,7 @@ class FleetOverlay:
         self.w = window
         self.source = None
         self.holds: dict[str, str] = {}  # instance -> what it holds of the clicked block
+        self.slot: int | None = None  # the slot clicked (a recording: its holders at each step)
         self.table = QTableWidget(0, len(COLUMNS))
         t = self.table
         t.setHorizontalHeaderLabels(COLUMNS)
@@ -68,7 +69,7 @@ class FleetOverlay:
 
     def set_source(self, source) -> None:
         self.source = source if hasattr(source, "holders") else None
-        self.holds = {}
+        self.holds, self.slot = {}, None
         t = self.table
         t.blockSignals(True)
         t.setRowCount(0)
@@ -87,6 +88,8 @@ class FleetOverlay:
 
     def after_frame(self, frame) -> None:
         if self.active:
+            if not self.source.live and self.slot is not None:  # a recording at another step
+                self._holders(self.slot)
             self.refresh()
 
     def refresh(self) -> None:
@@ -137,15 +140,10 @@ class FleetOverlay:
         if not self.active or len(blocks) != 1:
             return
         slot = int(next(iter(blocks)))
-        found = self.source.holders(slot)
+        found = self._holders(slot)
         if found is None:
             return
-        _, holders, chain, prefix = found
-        self.holds = {name: " + ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
-                      + f" · prefix {prefix[name]}/{len(chain)}"
-                      for name, tiers in holders.items()}
-        self.holds.update({name: f"not held · prefix {n}/{len(chain)}"
-                           for name, n in prefix.items() if name not in holders and n})
+        holders, chain = found
         self.refresh()
         lines = [f"{name}: {self.holds.get(name, 'not held')}" for name in self.source.names]
         self.w.details.show_text(
@@ -153,3 +151,19 @@ class FleetOverlay:
             f"<br><b>Held by {len(holders)} of {len(lines)} instances</b> (tiers; prefix: the "
             f"leading blocks of its {len(chain)}-block chain each holds in its tier)<br>" +
             "<br>".join(html.escape(x) for x in lines))
+
+    def _holders(self, slot: int) -> tuple[dict, list] | None:
+        """`holds` for the block in a slot, at the step shown (an empty slot: none); returns
+        (instance -> tiers holding it, its chain), None for an empty slot."""
+        self.slot = slot
+        found = self.source.holders(slot)
+        if found is None:
+            self.holds = {}
+            return None
+        _, holders, chain, prefix = found
+        self.holds = {name: " + ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
+                      + f" · prefix {prefix[name]}/{len(chain)}"
+                      for name, tiers in holders.items()}
+        self.holds.update({name: f"not held · prefix {n}/{len(chain)}"
+                           for name, n in prefix.items() if name not in holders and n})
+        return holders, chain

@@ -62,7 +62,7 @@ def test_a_recorded_fleet_replays_its_table_filter_and_holders(qtbot, tmp_path, 
     w = bare_window(qtbot, tmp_path, (1280, 720))
     assert w.attach(fleet=[Instance(n, f.endpoint, f.replay_endpoint)
                            for n, f in zip(NAMES, fakes, strict=True)],
-                    record=str(path), slots=64)
+                    record=str(path), slots=256)
     for f in fakes:
         f.wait_subscribed(timeout_s=10)
     a, b, c = fakes
@@ -98,6 +98,9 @@ def test_a_recorded_fleet_replays_its_table_filter_and_holders(qtbot, tmp_path, 
     for step, live, blocks in ((step_a, first, clicks[:2]), (step_b, second, clicks[1:])):
         r.selection.select_step(step)
         qtbot.waitUntil(lambda step=step: r.snapshot.step == step, timeout=3000)
+        if step == step_b:  # alpha's block 2, clicked at the first step: its holders now
+            assert column(rt, 6)[1:] == ["GPU · prefix 2/2", "not held · prefix 1/2",
+                                         "not held"]
         replayed = look(qtbot, r, blocks)
         assert replayed["table"] == live["table"], step
         for key, want in live.items():
