@@ -85,6 +85,9 @@ class FleetOverlay:
                              min(TABLE_ROWS_SHOWN, t.rowCount()))
         t.blockSignals(False)
         t.setVisible(self.active)
+        if self.active:  # the pool's rows get the note's room (its words: the pool title's tip)
+            self.w.attach_view.note.hide()
+            self.w.centralWidget().layout().activate()  # else its room stays until a resize
 
     def after_frame(self, frame) -> None:
         if self.active:
