@@ -6,22 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
 from test_fleet_window import SHOTS, column
 from window_testutil import bare_window
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
-from kv_fake_publisher import FakePublisher, batch, stored  # noqa: E402
-
-
-@pytest.fixture
-def fakes():
-    fs = [FakePublisher() for _ in range(2)]
-    yield fs
-    for f in fs:
-        f.close()
+from kv_fake_publisher import batch, stored  # noqa: E402
 
 
 def press_attach(qtbot, dialog):
@@ -72,7 +63,7 @@ def test_the_fleet_tab_takes_named_servers_and_says_what_is_wrong(qtbot, tmp_pat
     assert not d.isVisible()
     table = w.fleet_view.table
     assert table.isVisible() and column(table, 1) == ["all instances", "a", "b"]
-    for f in fakes:
+    for f in fakes[:2]:
         f.wait_subscribed(timeout_s=10)
     fakes[0].send(0, batch([stored([1, 2], None)]))
     fakes[1].send(0, batch([stored([1], None)]))

@@ -9,25 +9,16 @@ import sqlite3
 import sys
 from pathlib import Path
 
-import pytest
 from test_fleet_window import SHOTS, click_cell, click_row, column
 from window_testutil import bare_window, tree_blocks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
-from kv_fake_publisher import FakePublisher, batch, removed, stored  # noqa: E402
+from kv_fake_publisher import batch, removed, stored  # noqa: E402
 
 from kvscope.app.sources.fleet_replay import FleetReplaySource  # noqa: E402
 from kvscope.sessions.kv_events.fleet import Instance  # noqa: E402
 
 NAMES = ["alpha", "beta", "gamma"]
-
-
-@pytest.fixture
-def fakes():
-    fs = [FakePublisher() for _ in range(3)]
-    yield fs
-    for f in fs:
-        f.close()
 
 
 def held_part(w) -> str:
