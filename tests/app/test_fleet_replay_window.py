@@ -5,7 +5,6 @@ and in the table; an attached session recorded before the instances were named s
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from kvscope.app.sources.fleet_replay import FleetReplaySource  # noqa: E402
 from kvscope.sessions.kv_events.fleet import Instance  # noqa: E402
 
 NAMES = ["alpha", "beta", "gamma"]
+OLD = Path(__file__).resolve().parents[1] / "data" / "fleet_before_instances.kvscope"
 
 
 def held_part(w) -> str:
@@ -109,29 +109,18 @@ def test_a_recorded_fleet_replays_its_table_filter_and_holders(qtbot, tmp_path, 
     r.close()
 
 
-def test_an_attached_session_recorded_before_the_instances_were_named_opens(
-        qtbot, tmp_path, fakes):
-    """A fleet recorded before its block events named their instance (as this file is, once
-    their details are blanked) opens as the plain replay it was: pool and tree, no table."""
+def test_a_fleet_recorded_before_the_instances_were_named_opens(qtbot, tmp_path):
+    """tests/data/fleet_before_instances.kvscope (kvscope at 7118bf2: its block events name no
+    instance) opens as the plain replay it was: pool, tree and scrubber, no instance table."""
     path = tmp_path / "old.kvscope"
-    w = bare_window(qtbot, tmp_path, (1280, 720))
-    assert w.attach(fleet=[Instance(n, f.endpoint, f.replay_endpoint)
-                           for n, f in zip(NAMES[:2], fakes[:2], strict=True)],
-                    record=str(path), slots=64)
-    for f in fakes[:2]:
-        f.wait_subscribed(timeout_s=10)
-    fakes[0].send(0, batch([stored([1, 2, 3], None)]))
-    fakes[1].send(0, batch([stored([1], None)]))
-    qtbot.waitUntil(lambda: column(w.fleet_view.table, 2) == ["4", "3", "1"], timeout=5000)
-    w.close()
-    with sqlite3.connect(path) as db:
-        # each row's details: one empty text per event (schema.pack_events' joined form)
-        db.execute("UPDATE events SET details = substr(?, 1, num_events + 1)", ("\x1f" * 4096,))
-    r = bare_window(qtbot, tmp_path, (1280, 720), name="r.ini")
+    path.write_bytes(OLD.read_bytes())
+    r = bare_window(qtbot, tmp_path, (1280, 720))
     assert r.open_session(str(path))
     assert not isinstance(r.source, FleetReplaySource)
     assert not r.fleet_view.table.isVisible()
     r.selection.select_step(r.source.step_range()[1])
-    qtbot.waitUntil(lambda: r.snapshot.num_cached_blocks == 4, timeout=3000)
-    assert tree_blocks(r) == 4
+    # alpha 1 2 3 4, beta 1 5 (8 in its CPU tier), gamma 10 11 after its restart
+    qtbot.waitUntil(lambda: r.snapshot.num_cached_blocks == 8, timeout=3000)
+    assert r.snapshot.host.num_cached_blocks == 1
+    assert tree_blocks(r) == 8
     r.close()
