@@ -106,6 +106,11 @@ def test_a_recorded_fleet_replays_its_table_filter_and_holders(qtbot, tmp_path, 
             SHOTS.mkdir(exist_ok=True)
             r.grab().save(str(SHOTS / "fleet_replay_1280x720.png"))
     assert "restart 1 at step" in rt.item(3, 1).toolTip()
+    click_row(qtbot, rt, 3)  # gamma after its restart, its events in the log
+    qtbot.waitUntil(lambda: "instance gamma" in r.status.text(), timeout=3000)
+    r.docks["events"].raise_()
+    tree_blocks(r)
+    r.grab().save(str(SHOTS / "fleet_replay_restart_1280x720.png"))
     r.close()
 
 
