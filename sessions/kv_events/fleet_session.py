@@ -2,7 +2,8 @@
 that does not answer, a scrape that hangs or a flood from one instance never holds up the
 others), each with its own health, hash parity and metrics, all mirrored into one Mirror under
 one rank per instance, shown and recorded as one session of hash slots (instances as ranks, their
-names in the recording's config).
+names in the recording's config, each block event's and restart's instance in its detail: see
+slots.py).
 
     s = FleetSession(read_fleet("fleet.txt"), record="fleet.kvscope")
     s.run(10)                 # or start() ... stop() beside a window

@@ -15,7 +15,11 @@ group, one step per tick, so `Recorder` records the attached server like an engi
 `SessionReader` replays it: one schema. The snapshot carries the server's groups
 (`Mirror.groups`) and each slot's group (`Snapshot.block_group`). A chain's first block hangs
 under a root per identity (LoRA name, salt, rank, group, medium); a block whose parent was never
-seen under a root of its own (an orphan).
+seen under a root of its own (an orphan). A fleet's (config.instances) store and remove events
+are one instance's each and name it in their detail (instance_detail), a restart of one is a
+zero-block UNCACHED event naming it, and an instance's short hashes are rank 0's xor its rank's
+mask (rank_mask): a replay rebuilds whose each slot is and who holds a block
+(app/sources/fleet_replay.py).
 
 `HashSlots` quacks like the parts of `Engine` the recorder uses: config, num_blocks, loaded,
 subscribe/unsubscribe, pool_state, unfinished_requests, request_output.
