@@ -45,16 +45,36 @@ def only_rank(snap, ranks: dict[str, np.ndarray], rank: int):
     return tiers[0]
 
 
-class FleetSource(AttachSource):
-    """Many servers' KV events at once (`FleetSession`); `instance` (a rank, None: all) picks
-    whose slots the frames show."""
+class FleetView:
+    """What a fleet's sources share: `instance` (a rank, None: all) picks whose slots the frames
+    show, from each slot's rank at a step (`ranks_of`)."""
+
+    names: list[str]
+    instance: int | None = None
+
+    def ranks_of(self, step: int) -> dict[str, np.ndarray]:
+        """Tier -> each slot's rank (-1: none) at a step."""
+        raise NotImplementedError
+
+    def view(self, snap):
+        """What the frames show of a fleet snapshot: one instance's slots, or all."""
+        if self.instance is None or snap is None:
+            return snap
+        return only_rank(snap, self.ranks_of(snap.step), self.instance)
+
+    def who(self) -> str:
+        return "all instances" if self.instance is None else \
+            f"instance {self.names[self.instance]}"
+
+
+class FleetSource(FleetView, AttachSource):
+    """Many servers' KV events at once (`FleetSession`)."""
 
     def __init__(self, fleet: list, topic: str = "", record: str | None = None, **options):
         """Raises ValueError with a one-line message for an address that cannot be used."""
         from kvscope.sessions.kv_events.fleet_session import FleetSession
 
         self._init(FleetSession(fleet, topic, record or None, **options), record)
-        self.instance: int | None = None
 
     @property
     def names(self) -> list[str]:
@@ -64,13 +84,9 @@ class FleetSource(AttachSource):
         with self.session.lock:
             return list(self.session.rows)
 
-    def view(self, snap):
-        """What the frames show of a fleet snapshot: one instance's slots, or all."""
-        if self.instance is None or snap is None:
-            return snap
+    def ranks_of(self, step: int) -> dict[str, np.ndarray]:
         with self.session.lock:
-            ranks = self.session.slot_ranks.get(snap.step, {})
-        return only_rank(snap, ranks, self.instance)
+            return self.session.slot_ranks.get(step, {})
 
     def take_frame(self) -> Frame | None:
         frame = super().take_frame()
@@ -104,7 +120,5 @@ class FleetSource(AttachSource):
                     s.index.prefix_held(chain, key[1], key[2]))
 
     def status_text(self, snap) -> str:
-        who = "all instances" if self.instance is None else \
-            f"instance {self.names[self.instance]}"
         return super().status_text(snap).replace(f" · {self.name} · ",
-                                                 f" · {self.name} · {who} · ", 1)
+                                                 f" · {self.name} · {self.who()} · ", 1)

@@ -1,10 +1,10 @@
-"""File → Attach…: the dialog, and what the window adds while it shows an attached server (or a
-recording of one): the pool titled as hash slots (and each tier below the GPU's: pool_host), a
-note saying why, the server's KV groups (kind, window, resident blocks) under it, a click on a
-cell of any tier described by the live mirror (the server's hash, the tiers holding it), the
-mirror's health in the status bar, and per-step series on the timeline (blocks stored and
-removed, preemptions, KV usage, TTFT and ITL from the server's metrics). The panels themselves
-are not changed."""
+"""What the window adds while it shows an attached server (or a recording of one): the pool
+titled as hash slots (and each tier below the GPU's: pool_host), a note saying why, the server's
+KV groups (kind, window, resident blocks) under it, a click on a cell of any tier described by
+the live mirror (the server's hash, the tiers holding it), the mirror's health in the status bar,
+and per-step series on the timeline (blocks stored and removed, preemptions, KV usage, TTFT and
+ITL from the server's metrics). The panels themselves are not changed. File → Attach…'s dialog:
+attach_dialog.py."""
 
 from __future__ import annotations
 
@@ -12,24 +12,14 @@ import bisect
 import html
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (
-    QDialog,
-    QDialogButtonBox,
-    QFileDialog,
-    QFormLayout,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QPushButton,
-    QSpinBox,
-)
+from PySide6.QtWidgets import QLabel
 
 from kvscope.app import palette
 from kvscope.app.frames import Frame
 from kvscope.app.panels.pool_host import host_line, lower_cell
 from kvscope.app.panels.pool_text import TITLE_TIP
 from kvscope.engine import events as ev
-from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, DEFAULT_SLOTS, group_lines
+from kvscope.sessions.kv_events.slots import ATTACH_PREFIX, group_lines
 
 SLOTS_NOTE = ("A cell is a block hash the server holds, not a physical block (their ids are "
               "not published); darker = stored earlier")
@@ -49,64 +39,6 @@ ATTACH_TIPS = {
     "hit": "KV usage and prefix-cache hit rate, from the server's metrics"}
 POOL_TIP = ("Hash slots: each cell is a block hash the server holds (resident) or an empty slot; "
             "physical block ids are not published")
-
-
-class AttachDialog(QDialog):
-    """Where to attach. Non-modal: `attach_requested(options)` when OK is pressed."""
-
-    attach_requested = Signal(dict)
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setWindowTitle("Attach to a server's KV events")
-        self.endpoint = QLineEdit("tcp://127.0.0.1:5557")
-        self.endpoint.setToolTip("The server's KV-event PUB endpoint (vLLM --kv-events-config "
-                                 "'{\"publisher\": \"zmq\", \"endpoint\": ...}', or kvscope serve "
-                                 "--kv-events)")
-        self.replay = QLineEdit()
-        self.replay.setPlaceholderText("tcp://HOST:5558 (optional: history and gap repair)")
-        self.topic = QLineEdit()
-        self.topic.setPlaceholderText("(all topics)")
-        self.metrics = QLineEdit()
-        self.metrics.setPlaceholderText("http://HOST:8000/metrics (optional)")
-        self.record = QLineEdit()
-        self.record.setPlaceholderText("(optional) a .kvscope file to record to")
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        record_row = QHBoxLayout()
-        record_row.addWidget(self.record, 1)
-        record_row.addWidget(browse)
-        form = QFormLayout(self)
-        form.addRow("KV events endpoint", self.endpoint)
-        form.addRow("Replay endpoint", self.replay)
-        form.addRow("Topic", self.topic)
-        form.addRow("Metrics URL", self.metrics)
-        form.addRow("Record to", record_row)
-        self.slots = QSpinBox(minimum=16, maximum=1 << 20, value=DEFAULT_SLOTS)
-        self.slots.setToolTip("Cells in the pool view: one per block hash the server holds "
-                              "(physical block ids are not published)")
-        form.addRow("Hash slots", self.slots)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        self.buttons.button(QDialogButtonBox.Ok).setText("Attach")
-        self.buttons.accepted.connect(self._accept)
-        self.buttons.rejected.connect(self.reject)
-        form.addRow(self.buttons)
-        self.setMinimumWidth(520)
-
-    def _browse(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Record the attached session to",
-                                              "attached.kvscope", "kvscope sessions (*.kvscope)")
-        if path:
-            self.record.setText(path)
-
-    def options(self) -> dict:
-        return dict(endpoint=self.endpoint.text().strip(), replay=self.replay.text().strip(),
-                    topic=self.topic.text(), metrics=self.metrics.text().strip(),
-                    record=self.record.text().strip(), slots=self.slots.value())
-
-    def _accept(self) -> None:
-        self.accept()
-        self.attach_requested.emit(self.options())
 
 
 def is_attached(source) -> bool:

@@ -43,6 +43,7 @@ class FleetOverlay:
         self.w = window
         self.source = None
         self.holds: dict[str, str] = {}  # instance -> what it holds of the clicked block
+        self.slot: int | None = None  # the slot clicked (a recording: its holders at each step)
         self.table = QTableWidget(0, len(COLUMNS))
         t = self.table
         t.setHorizontalHeaderLabels(COLUMNS)
@@ -68,7 +69,7 @@ class FleetOverlay:
 
     def set_source(self, source) -> None:
         self.source = source if hasattr(source, "holders") else None
-        self.holds = {}
+        self.holds, self.slot = {}, None
         t = self.table
         t.blockSignals(True)
         t.setRowCount(0)
@@ -84,13 +85,19 @@ class FleetOverlay:
                              min(TABLE_ROWS_SHOWN, t.rowCount()))
         t.blockSignals(False)
         t.setVisible(self.active)
+        if self.active:  # the pool's rows get the note's room (its words: the pool title's tip)
+            self.w.attach_view.note.hide()
+            self.w.centralWidget().layout().activate()  # else its room stays until a resize
 
     def after_frame(self, frame) -> None:
         if self.active:
+            if not self.source.live and self.slot is not None:  # a recording at another step
+                self._holders(self.slot)
             self.refresh()
 
     def refresh(self) -> None:
-        """The rows as the fleet session's newest tick has them."""
+        """The rows as the fleet session's newest tick has them (a recorded fleet: as recorded
+        at the step shown)."""
         rows = self.source.rows()
         t = self.table
         total = sum(r.resident for r in rows)
@@ -124,23 +131,22 @@ class FleetOverlay:
         row = rows[0].row()
         self.source.instance = None if row == 0 else row - 1
         w = self.w
+        step = w.selection.step
         w.selection.reset()
-        w.frame_pump.show(self.source.newest())
+        if self.source.live:
+            w.frame_pump.show(self.source.newest())
+        else:  # a recorded fleet: the same step, that instance's slots
+            w.selection.select_step(step)
 
     def _who_holds(self, blocks) -> None:
         """A cell clicked: which instances hold its block hash, in Details and in the table."""
         if not self.active or len(blocks) != 1:
             return
         slot = int(next(iter(blocks)))
-        found = self.source.holders(slot)
+        found = self._holders(slot)
         if found is None:
             return
-        _, holders, chain, prefix = found
-        self.holds = {name: " + ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
-                      + f" · prefix {prefix[name]}/{len(chain)}"
-                      for name, tiers in holders.items()}
-        self.holds.update({name: f"not held · prefix {n}/{len(chain)}"
-                           for name, n in prefix.items() if name not in holders and n})
+        holders, chain = found
         self.refresh()
         lines = [f"{name}: {self.holds.get(name, 'not held')}" for name in self.source.names]
         self.w.details.show_text(
@@ -148,3 +154,19 @@ class FleetOverlay:
             f"<br><b>Held by {len(holders)} of {len(lines)} instances</b> (tiers; prefix: the "
             f"leading blocks of its {len(chain)}-block chain each holds in its tier)<br>" +
             "<br>".join(html.escape(x) for x in lines))
+
+    def _holders(self, slot: int) -> tuple[dict, list] | None:
+        """`holds` for the block in a slot, at the step shown (an empty slot: none); returns
+        (instance -> tiers holding it, its chain), None for an empty slot."""
+        self.slot = slot
+        found = self.source.holders(slot)
+        if found is None:
+            self.holds = {}
+            return None
+        _, holders, chain, prefix = found
+        self.holds = {name: " + ".join(sorted(tiers, key=lambda m: (m != "GPU", m)))
+                      + f" · prefix {prefix[name]}/{len(chain)}"
+                      for name, tiers in holders.items()}
+        self.holds.update({name: f"not held · prefix {n}/{len(chain)}"
+                           for name, n in prefix.items() if name not in holders and n})
+        return holders, chain

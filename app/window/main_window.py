@@ -28,9 +28,10 @@ from kvscope.app.panels.text_panel import TextPanel
 from kvscope.app.panels.timeline import Timeline
 from kvscope.app.selection import Selection
 from kvscope.app.sources.base import FrameSource
+from kvscope.app.sources.fleet_replay import open_replay
 from kvscope.app.sources.live import LiveSource
-from kvscope.app.sources.replay import ReplaySource
-from kvscope.app.window.attach_view import AttachDialog, AttachOverlay
+from kvscope.app.window.attach_dialog import AttachDialog
+from kvscope.app.window.attach_view import AttachOverlay
 from kvscope.app.window.banner import ErrorBanner
 from kvscope.app.window.docks import Docks
 from kvscope.app.window.engine_controls import EngineControls
@@ -178,7 +179,7 @@ class MainWindow(QMainWindow):
     def open_session(self, path: str) -> bool:
         """Replay a session file. A bad file shows the banner and changes nothing."""
         try:
-            source = ReplaySource.open(path)
+            source = open_replay(path)
         except SessionError as e:
             self.banner.show_error(f"Cannot open the session: {e}")
             return False

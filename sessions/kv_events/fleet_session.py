@@ -2,7 +2,8 @@
 that does not answer, a scrape that hangs or a flood from one instance never holds up the
 others), each with its own health, hash parity and metrics, all mirrored into one Mirror under
 one rank per instance, shown and recorded as one session of hash slots (instances as ranks, their
-names in the recording's config).
+names in the recording's config, each block event's and restart's instance in its detail: see
+slots.py).
 
     s = FleetSession(read_fleet("fleet.txt"), record="fleet.kvscope")
     s.run(10)                 # or start() ... stop() beside a window
@@ -100,6 +101,7 @@ class FleetSession(AttachSession):
                                instances=tuple(self.names))
         self.index = FleetIndex(self.mirror, self.names)
         self.rows: list[InstanceRow] = []
+        self._restarts_seen = [0] * len(instances)  # each instance's restarts by the last tick
         # step -> tier -> each slot's rank (-1: empty), for the snapshots kept in `history`
         self.slot_ranks: dict[int, dict[str, np.ndarray]] = {}
 
@@ -151,6 +153,9 @@ class FleetSession(AttachSession):
     # ------------------------------------------------------------------ a tick
     def tick(self, wall_s: float) -> None:
         with self.mirror_lock:
+            self.slots.restarted = {r: n for r, n in enumerate(self._restarts())
+                                    if n > self._restarts_seen[r]}
+            self._restarts_seen = self._restarts()
             super().tick(wall_s)
             rows, ranks = self._rows(), self._slot_ranks()
         with self.lock:
@@ -158,6 +163,9 @@ class FleetSession(AttachSession):
             self.slot_ranks[self.slots.step] = ranks
             for step in [s for s in self.slot_ranks if s < self.slots.step - HISTORY]:
                 del self.slot_ranks[step]
+
+    def _restarts(self) -> list[int]:
+        return [self.mirror.health_of(r).restarts for r in range(len(self.names))]
 
     def _scrape(self, now: float) -> dict | None:
         """The instances' metrics deltas since the last tick, summed (KV usage: their mean)."""

@@ -15,7 +15,11 @@ group, one step per tick, so `Recorder` records the attached server like an engi
 `SessionReader` replays it: one schema. The snapshot carries the server's groups
 (`Mirror.groups`) and each slot's group (`Snapshot.block_group`). A chain's first block hangs
 under a root per identity (LoRA name, salt, rank, group, medium); a block whose parent was never
-seen under a root of its own (an orphan).
+seen under a root of its own (an orphan). A fleet's (config.instances) store and remove events
+are one instance's each and name it in their detail (instance_detail), a restart of one is a
+zero-block UNCACHED event naming it, and an instance's short hashes are rank 0's xor its rank's
+mask (rank_mask): a replay rebuilds whose each slot is and who holds a block
+(app/sources/fleet_replay.py).
 
 `HashSlots` quacks like the parts of `Engine` the recorder uses: config, num_blocks, loaded,
 subscribe/unsubscribe, pool_state, unfinished_requests, request_output.
@@ -68,15 +72,40 @@ def short_key(*parts) -> int:
     return int.from_bytes(digest, "little") or 1
 
 
+def rank_mask(rank: int) -> int:
+    """What a rank's short hashes are xor-ed with (0 for rank 0): an instance's short hash of a
+    block is rank 0's xor its mask, so a replay tells which instances hold the same block."""
+    return 0 if rank == 0 else short_key("rank", rank)
+
+
 def slot_hashes(key: tuple, entry: list) -> tuple[int, int]:
     """(the slot's short hash, its parent's): the parent block's key in the same rank and group,
     or the root of the chain's identity (per medium) for a first block. The medium is left out
     of a hash: the same (group, hash) has the same short hash in every tier."""
     rank, group, medium, h = key
     parent, identity = entry[1], entry[3]
+    mask = rank_mask(rank)
     up = short_key("root", rank, group, medium, *identity) if parent is None else \
-        short_key(rank, group, parent)
-    return short_key(rank, group, h), up
+        short_key(0, group, parent) ^ mask
+    return short_key(0, group, h) ^ mask, up
+
+
+def instance_detail(name: str, restart: int = 0) -> str:
+    """A fleet's block event's detail: whose blocks they are (a replay reads it back:
+    read_instance_detail); a restart of the instance (restart: its count) as one of its own."""
+    text = f"instance {name}"
+    return text + (f" · restart {restart}: its publisher started over, its blocks were dropped"
+                   if restart else "")
+
+
+_INSTANCE = re.compile(r"(?:^|.* · )instance ([A-Za-z0-9_.:-]{1,32})(?: · restart (\d+):.*)?")
+
+
+def read_instance_detail(detail: str) -> tuple[str | None, int]:
+    """(the instance a fleet's block event names, its restart count if it is a restart, else 0);
+    (None, 0) for an event of a single server, or of a fleet recorded before instances were."""
+    m = _INSTANCE.fullmatch(detail or "")
+    return (None, 0) if m is None else (m.group(1), int(m.group(2) or 0))
 
 
 def tier_name(medium: str) -> str:
@@ -123,14 +152,6 @@ def by_tier(keys: list[tuple]) -> dict[str, list[tuple]]:
     for key in keys:
         out.setdefault(tier_name(key[2]), []).append(key)
     return dict(sorted(out.items(), key=lambda t: t[0] != TOP))
-
-
-def by_group(keys: list[tuple]) -> dict[int, list[tuple]]:
-    """Mirror keys by their KV group, in their order."""
-    out: dict[int, list[tuple]] = {}
-    for key in keys:
-        out.setdefault(key[1], []).append(key)
-    return out
 
 
 def _show(h) -> str:
@@ -180,6 +201,7 @@ class HashSlots:
         self.num_overflow = 0  # resident blocks pushed out of the slot view (too few slots)
         self.hits = self.queries = 0  # cumulative, from the metrics endpoint
         self.sized = False  # block_size is the server's (seen in a store)
+        self.restarted: dict[int, int] = {}  # a fleet's ranks restarted since the last tick
         self._subs: list = []
 
     # ------------------------------------------------------------- engine-like
@@ -229,7 +251,7 @@ class HashSlots:
     # ------------------------------------------------------------- ticking
     def _uncache(self, tier: str, keys: list[tuple], step: int, now: int, events: list) -> None:
         pool, key_of, medium = self.pools[tier], self.key_of[tier], "" if tier == TOP else tier
-        for group, group_keys in by_group(keys).items():
+        for (rank, group), group_keys in self._batches(keys).items():
             gone = []
             for key in group_keys:
                 slot = self.slot_of.pop(key, None)
@@ -239,8 +261,8 @@ class HashSlots:
                     gone.append(slot)
             if gone:
                 events.append(ev.Event(ev.UNCACHED, step, None, tuple(gone), now,
-                                       detail="removed by the server", group=group,
-                                       medium=medium))
+                                       detail=self._whose("removed by the server", rank),
+                                       group=group, medium=medium))
 
     def _store(self, tier: str, keys: list[tuple], adds: dict, step: int, now: int,
                events: list) -> None:
@@ -248,7 +270,7 @@ class HashSlots:
             self.num_overflow += len(keys) - self.config.num_blocks
             keys = keys[-self.config.num_blocks:]
         pool, key_of, medium = self.pools[tier], self.key_of[tier], "" if tier == TOP else tier
-        for group, group_keys in by_group(keys).items():
+        for (rank, group), group_keys in self._batches(keys).items():
             got, evicted = pool.allocate(len(group_keys), step, group)
             for slot in evicted:  # too few slots: the oldest resident blocks leave the view
                 self.slot_of.pop(key_of.pop(slot), None)
@@ -267,11 +289,27 @@ class HashSlots:
                 shorts.append(h)
                 parents.append(p)
             events.append(ev.Event(ev.CACHED, step, None, tuple(got), now,
-                                   (*shorts, *parents), group=group, medium=medium))
+                                   (*shorts, *parents), self._whose("", rank), group=group,
+                                   medium=medium))
             tail_first = got[::-1]
             pool.release(tail_first, step)
             events.append(ev.Event(ev.FREED, step, None, tuple(tail_first), now, group=group,
                                    medium=medium))
+
+    def _batches(self, keys: list[tuple]) -> dict[tuple, list[tuple]]:
+        """Mirror keys by (rank, KV group) for a fleet (an event's blocks are one instance's),
+        by (None, group) otherwise, in their order."""
+        fleet, out = bool(self.config.instances), {}
+        for key in keys:
+            out.setdefault((key[0] if fleet else None, key[1]), []).append(key)
+        return out
+
+    def _whose(self, detail: str, rank: int | None) -> str:
+        """An event's detail, naming the fleet's instance whose blocks it moves."""
+        if rank is None:
+            return detail
+        name = instance_detail(self.config.instances[rank])
+        return f"{detail} · {name}" if detail else name
 
     def describe(self, slot: int, tier: str = TOP) -> str | None:
         """What a slot of a tier holds, in one line (None: an empty slot)."""
@@ -359,6 +397,10 @@ class HashSlots:
         for tier in self.lower():  # a tier's slots from its first store on
             if tier not in self.pools:
                 self.pools[tier], self.key_of[tier] = BlockPool(pool.num_blocks), {}
+        for rank, n in sorted(self.restarted.items()):  # a restart is recorded, blocks or none
+            events.append(ev.Event(ev.UNCACHED, step, None, (), now,
+                                   detail=instance_detail(self.config.instances[rank], n)))
+        self.restarted = {}
         stores = list(adds)
         for phase in (early, stores, list(late)):
             for tier, keys in by_tier(phase).items():

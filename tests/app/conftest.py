@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from window_testutil import open_window
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
 
 
 @pytest.fixture
@@ -31,3 +36,14 @@ def session(tmp_path_factory):
         while engine.has_unfinished():
             engine.step()
     return path
+
+
+@pytest.fixture
+def fakes():
+    """Three fake KV-event publishers (tests/sessions/kv_fake_publisher.py), for a fleet."""
+    from kv_fake_publisher import FakePublisher
+
+    fs = [FakePublisher() for _ in range(3)]
+    yield fs
+    for f in fs:
+        f.close()

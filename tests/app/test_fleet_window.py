@@ -12,19 +12,11 @@ from PySide6.QtCore import QPointF, Qt
 from window_testutil import bare_window, tree_blocks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
-from kv_fake_publisher import FakePublisher, batch, stored  # noqa: E402
+from kv_fake_publisher import batch, stored  # noqa: E402
 
 from kvscope.sessions.kv_events.fleet import Instance  # noqa: E402
 
 SHOTS = Path(__file__).resolve().parents[1] / "artifacts"  # tests/artifacts (ignored)
-
-
-@pytest.fixture
-def fakes():
-    fs = [FakePublisher() for _ in range(3)]
-    yield fs
-    for f in fs:
-        f.close()
 
 
 def click_row(qtbot, table, row):

@@ -23,6 +23,7 @@ from kvscope.sessions.kv_events.fleet import (
 )
 from kvscope.sessions.kv_events.fleet_session import FleetSession
 from kvscope.sessions.kv_events.mirror import Mirror
+from kvscope.sessions.kv_events.slots import read_instance_detail
 from kvscope.sessions.kv_events.wire import Batch, Stored
 
 
@@ -108,6 +109,11 @@ def test_three_publishers_attached_at_once(ipc_dir, tmp_path):
         assert reader.meta.engine_config["instances"] == ["a", "b", "c"]
         end = reader.snapshot_at(reader.last_step)
         assert end.num_cached_blocks == m.num_resident == sum(r.resident for r in s.rows)
+        # each stored block's event names its instance, and a's restart is recorded, a's alone
+        named = [read_instance_detail(e.detail)
+                 for e in reader.events_between(reader.first_step, reader.last_step)]
+        assert {name for name, restart in named if name and not restart} == {"a", "b", "c"}
+        assert [x for x in named if x[1]] == [("a", 1)]
 
 
 def test_the_index_scores_prefixes_per_group_and_tier():
