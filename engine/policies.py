@@ -137,9 +137,10 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
 )}
 
 
-def names() -> tuple[str, ...]:
-    """The policies, in table order (read when needed: a row added later shows)."""
-    return tuple(POLICIES)
+def names(timed: bool = True) -> tuple[str, ...]:
+    """The policies, in table order (read when needed: a row added later shows); without the
+    timed ones (which need a TTL and a clock) when `timed` is False."""
+    return tuple(n for n, p in POLICIES.items() if timed or not p.timed)
 
 
 def check(name) -> str | None:

@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
                    "(a size with --kv-bytes-per-token). Each what-if "
                    "row is followed by one per host size (hits per tier, blocks offloaded and "
                    "loaded, the sizing line); one full-attention group only")
-    p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(),
+    p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(timed=False),
                    default=["lru"], help="the host tier's eviction policies (default lru)")
     p.add_argument("--kv-bytes-per-token", type=positive_int, default=None, metavar="BYTES",
                    help="the model's KV bytes per token (all layers, K and V): bytes moved "

@@ -1,6 +1,6 @@
 """The Lab panel: pick a trace, pool sizes, host tier sizes (none: one tier), policies and mode,
 run the lab in a worker process (progress, Cancel), then the miss-ratio curves, the table of its
-rows (with host tiers, each what-if row again per host size, its hits split by tier) and a
+rows (with a TTL: the prompt-cache bill instead, app.panels.lab_billing) (with host tiers, each what-if row again per host size, its hits split by tier) and a
 verdict (how far LRU is from the ceilings at the largest size replayed; what each host tier
 adds there: lab.tiers.sizing_line). "Open the replay" asks the window to show the what-if run of
 the selected row (or the first size, behind the first host size) as a frame source."""
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.panels import FrameIndependent
+from kvscope.app.panels.lab_billing import BillingControls, BillView
 from kvscope.app.panels.result_view import plot_over_table, result_table
 from kvscope.app.plots.lab import draw_curves
 from kvscope.app.workers.lab import LabJob, LabRun
@@ -52,14 +53,19 @@ class LabPanel(QWidget, FrameIndependent):
         self.timer.timeout.connect(self._poll)
         self.plot = pg.PlotWidget(background="w")
         self.table = result_table(COLUMNS + TIER_COLUMNS)
+        self.billing = BillingControls()
+        self.bill_view = BillView()
         self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
                               "session and press Run.")
         self.verdict.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(self._build_controls())
         self.setFocusProxy(self.path_edit)  # opened, the lab takes a trace first
+        layout.addWidget(self.billing)
         layout.addWidget(self.verdict)
-        layout.addWidget(plot_over_table(self.plot, self.table), 1)
+        split = plot_over_table(self.plot, self.table)
+        split.addWidget(self.bill_view.table)
+        layout.addWidget(split, 1)
 
     def _build_controls(self) -> QGridLayout:
         self.path_edit = QLineEdit()
@@ -134,7 +140,8 @@ class LabPanel(QWidget, FrameIndependent):
         if not policies:
             return "Tick at least one policy."
         return LabJob(path, sizes, policies, self.block_size.value(), self.mode.currentText(),
-                      self.limit.value(), tuple(dict.fromkeys(hosts)))
+                      self.limit.value(), tuple(dict.fromkeys(hosts)), self.billing.ttl_s(),
+                      self.billing.prices())
 
     def start(self) -> None:
         job = self.job()
@@ -169,9 +176,11 @@ class LabPanel(QWidget, FrameIndependent):
         run = self.run
         if run is None or not run.poll():
             return
-        self.progress.setValue(len(run.rows))
+        self.progress.setValue(run.num_done)
         if run.error is not None:
             self.verdict.setText(f"The lab run failed: {run.error}")
+        elif run.curve is not None and run.bill is not None:
+            self.show_bill(run.bill, run.curve)
         elif run.curve is not None:
             self.show_result(run.curve, run.rows)
         if run.done:
@@ -193,7 +202,15 @@ class LabPanel(QWidget, FrameIndependent):
 
     rows: list[Row] = []
 
+    def show_bill(self, bill, points: list[tuple[float, float]]) -> None:
+        """A prompt-cache bill: cost against TTL, the prefixes, the bill in words."""
+        self.rows = []
+        self.table.hide()
+        self.verdict.setText(self.bill_view.show(self.plot.getPlotItem(), bill, points))
+
     def show_result(self, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
+        self.table.show()
+        self.bill_view.table.hide()
         self.rows = list(rows)
         draw_curves(self.plot.getPlotItem(), lru_curve, rows,
                     [r for r in rows if r.host_blocks and r.policy == "lru"])  # LRU + host

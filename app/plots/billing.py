@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from kvscope.app import palette
+from kvscope.app.plots.axes import percent_axis
 from kvscope.app.plots.png import write_plot_png
 
 
@@ -20,6 +21,7 @@ def draw_cost_curve(item, points: list[tuple[float, float]], without: float) -> 
     item.setLogMode(x=True, y=False)
     item.setLabel("bottom", "TTL (expiry after the last use)")
     item.setLabel("left", "cost of the trace ($)")
+    percent_axis(item.getAxis("left"), False)
     item.showGrid(x=True, y=True, alpha=0.3)
     xs, ys = zip(*points, strict=True)
     item.getAxis("bottom").setTicks([[(math.log10(t), duration(t)) for t in xs], []])

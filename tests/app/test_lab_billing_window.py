@@ -1,0 +1,72 @@
+"""Prompt-cache billing in the Lab dock: the TTL and the prices typed in, a preset picked with
+the keyboard, Run; the dock then shows the bill `kvscope lab --ttl` computes, the prefixes and
+the cost against TTL. Screenshot: tests/artifacts/lab_billing.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import Qt
+from window_testutil import bare_window
+
+from kvscope.lab import billing
+from kvscope.lab.traces import load_trace
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+HEAD = DATA / "mooncake_conversation_head800.jsonl"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+LIMIT = 120
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    w = bare_window(qtbot, tmp_path, (1400, 900))
+    yield w
+    w.lab.cancel()
+    w.close()
+
+
+def type_into(qtbot, box, text: str) -> None:
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, text)
+    qtbot.keyClick(box, Qt.Key_Tab)
+
+
+def test_the_dock_bills_a_trace_under_a_ttl_as_the_cli_does(window, qtbot):
+    w, lab = window, window.lab
+    w.docks["lab"].toggleViewAction().trigger()
+    qtbot.keyClicks(lab.path_edit, str(HEAD))
+    type_into(qtbot, lab.limit, str(LIMIT))
+    controls = lab.billing
+    controls.preset.setFocus()
+    qtbot.keyClick(controls.preset, Qt.Key_Down)  # anthropic-5m -> anthropic-1h
+    assert controls.fields["write"].value() == 2.0
+    type_into(qtbot, controls.ttl, "60")
+    type_into(qtbot, controls.fields["read"], "0.2")
+    type_into(qtbot, controls.min_tokens, "2048")
+    qtbot.mouseClick(lab.run_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: lab.run is None, timeout=120_000)
+    assert lab.progress.value() == lab.progress.maximum() == 1 + len(billing.TTL_GRID_S)
+
+    prices = billing.Prices(3.0, 2.0, 0.2, 2048, 15.0)
+    bill = billing.run(load_trace(HEAD, limit=LIMIT), 60, prices)
+    text = lab.verdict.text()
+    assert f"${bill.cost:,.4f} with prompt caching" in text
+    assert f"${bill.cost_without_cache:,.4f} without" in text
+    assert f"{bill.request_hit_ratio:.1%} of requests, {bill.token_hit_ratio:.1%} of tokens" \
+        in text
+    assert "TTL 60 s" in text and "more than 1.25 hits per write" in text
+    table = lab.bill_view.table
+    assert table.isVisible() and not lab.table.isVisible()
+    top = max(bill.prefixes, key=lambda x: abs(x.saving(prices)))
+    assert table.item(0, 0).text() == f"{top.start_token:,}–{top.end_token:,}"
+    assert table.item(0, 3).text() == ("yes" if top.paid(prices) else "no")
+    lines = [i for i in lab.plot.getPlotItem().items if isinstance(i, pg.PlotDataItem)]
+    assert len(lines[0].xData) == len(billing.TTL_GRID_S)
+    assert list(lines[1].yData) == [bill.cost_without_cache] * 2
+    ARTIFACTS.mkdir(exist_ok=True)
+    qtbot.wait(50)
+    w.docks["lab"].grab().save(str(ARTIFACTS / "lab_billing.png"))
