@@ -116,3 +116,17 @@ def test_ttl_with_a_capacity_evicts_least_recently_released_first():
 def test_the_engine_refuses_the_ttl_policy():
     with pytest.raises(ValueError, match="needs a trace's clock"):
         EngineConfig(eviction_policy="ttl")
+
+
+def test_the_experiment_rare_prefixes_do_not_pay_at_five_minutes():
+    from kvscope.lab.experiments import EXPERIMENTS
+    from kvscope.lab.experiments.bench import Bench
+
+    result = EXPERIMENTS["prompt-cache-ttl"].measure(Bench("demo"), True)
+    rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+    for r in rows:  # every request writes its system prompt or reads it
+        assert r["writes"] + r["hits"] == r["requests"]
+        assert (r["paid"] == "yes") == (r["hits"] > r["writes"] * r["break-even"])
+    by = {(r["prices"], r["mean gap s"]): r for r in rows}
+    assert by["anthropic-5m", 3600]["paid"] == "no" and by["anthropic-1h", 20]["paid"] == "yes"
+    assert by["anthropic-5m", 20]["writes"] == 1
