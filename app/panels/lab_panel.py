@@ -1,9 +1,10 @@
 """The Lab panel: pick a trace, pool sizes, host tier sizes (none: one tier), policies and mode,
 run the lab in a worker process (progress, Cancel), then the miss-ratio curves, the table of its
-rows (with a TTL: the prompt-cache bill instead, app.panels.lab_billing) (with host tiers, each what-if row again per host size, its hits split by tier) and a
+rows (with host tiers, each what-if row again per host size, its hits split by tier) and a
 verdict (how far LRU is from the ceilings at the largest size replayed; what each host tier
 adds there: lab.tiers.sizing_line). "Open the replay" asks the window to show the what-if run of
-the selected row (or the first size, behind the first host size) as a frame source."""
+the selected row (or the first size, behind the first host size) as a frame source. With a TTL
+the run is the prompt-cache bill instead (app.panels.lab_billing)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ def summarize(trace: Trace, bills: list[tuple[str, billing.Bill]]) -> Result:
             x = next(x for x in bill.prefixes
                      if x.start_token == 0 and tenant[x.first_request] == k)
             rows.append([preset, bill.ttl_s, gap, tenant.count(k), x.writes, x.hits,
-                         x.hits / x.writes, p.break_even, x.saving(p), "yes" if x.paid(p) else "no"])
+                         x.hits / x.writes, p.break_even, x.saving(p),
+                         "yes" if x.paid(p) else "no"])
         unpaid = [r[2] for r in rows[-len(GAPS_S):] if r[-1] == "no"]
         words.append(f"{preset} (TTL {bill.ttl_s:,.0f} s, break-even {p.break_even:.2f} hits "
                      f"per write): " + (f"the prompts sent every {', '.join(map(str, unpaid))} s "

@@ -130,3 +130,39 @@ def test_the_experiment_rare_prefixes_do_not_pay_at_five_minutes():
     by = {(r["prices"], r["mean gap s"]): r for r in rows}
     assert by["anthropic-5m", 3600]["paid"] == "no" and by["anthropic-1h", 20]["paid"] == "yes"
     assert by["anthropic-5m", 20]["writes"] == 1
+
+
+def test_lab_command_bills_the_trace_per_ttl(tmp_path, capsys):
+    from kvscope.app.cli import lab_billing
+    from kvscope.app.cli import main as cli
+
+    out = tmp_path / "bill.csv"
+    assert cli.main(["lab", str(TRACE), "--limit", "300", "--ttl", "10", "60", "--prices",
+                     "anthropic-1h", "--read-mult", "0.2", "--csv", str(out)]) == 0
+    printed = capsys.readouterr().out
+    prices = billing.Prices(3.0, 2.0, 0.2, 1024, 15.0)
+    t = load_trace(TRACE, limit=300)
+    for ttl in (10, 60):
+        b = billing.run(t, ttl, prices)
+        assert f"{b.cost:>10,.4f} {b.cost_without_cache:>10,.4f}" in printed
+        assert billing.verdict(b) in printed
+    assert "more than 1.25 hits per write" in printed and "2025" in printed
+    rows = [line.split(",") for line in out.read_text().splitlines()]
+    assert rows[0] == list(lab_billing.CSV_COLUMNS) and [r[0] for r in rows[1:]] == ["10.0",
+                                                                                    "60.0"]
+    prefixes = (tmp_path / "bill-prefixes.csv").read_text().splitlines()
+    assert prefixes[0].startswith("ttl_s,pool_blocks,start_token,end_token,writes,hits")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ttl", "0"], "--ttl must be > 0 seconds"),
+    (["--ttl", "300", "--write-mult", "-1"], "write price must be >= 0"),
+    (["--ttl", "300", "--replicas", "2"], "--replicas with --ttl is not supported"),
+    (["--ttl", "300", "--host-blocks", "100"], "--host-blocks with --ttl is not supported"),
+])
+def test_lab_billing_errors_are_one_line_with_exit_2(argv, message, capsys):
+    from kvscope.app.cli import main as cli
+
+    assert cli.main(["lab", str(TRACE), "--limit", "20", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
