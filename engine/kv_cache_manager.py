@@ -54,10 +54,8 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
                  model_fingerprint: str = "", record_events: bool = True,
                  eviction_policy: str = "lru", groups: tuple[KVGroup, ...] = ONE_GROUP,
-                 host_blocks: int = 0, host_eviction_policy: str = "lru",
-                 ttl_s: float | None = None):
-        """`host_blocks`: a host tier behind the pool (engine.host_tier); `ttl_s`: the ttl
-        policy's lifetime of a cached block after its last use (the clock: advance_clock)."""
+                 host_blocks: int = 0, host_eviction_policy: str = "lru", ttl_s=None):
+        """host_blocks: a host tier (engine.host_tier); ttl_s: the ttl policy's (advance_clock)"""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -315,8 +313,7 @@ class KVCacheManager:
 
     def advance_clock(self, now: float) -> None:
         """Move the pool's clock to `now` (seconds); drop what a TTL expired by then."""
-        expired = self.pool.expire(now, self.step)
-        if expired:
+        if expired := self.pool.expire(now, self.step):
             self.events.emit(ev.EVICTED, self.step, None, expired, detail="expired")
 
     def uncache(self, request_id: int) -> list[int]:
