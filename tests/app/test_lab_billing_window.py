@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyqtgraph as pg
-import pytest
 from PySide6.QtCore import Qt
-from window_testutil import bare_window
+from test_lab_window import window  # noqa: F401 (the Lab dock's window, no model)
 
 from kvscope.lab import billing
 from kvscope.lab.traces import load_trace
@@ -20,14 +19,6 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 LIMIT = 120
 
 
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = bare_window(qtbot, tmp_path, (1400, 900))
-    yield w
-    w.lab.cancel()
-    w.close()
-
-
 def type_into(qtbot, box, text: str) -> None:
     box.setFocus()
     box.selectAll()
@@ -35,7 +26,7 @@ def type_into(qtbot, box, text: str) -> None:
     qtbot.keyClick(box, Qt.Key_Tab)
 
 
-def test_the_dock_bills_a_trace_under_a_ttl_as_the_cli_does(window, qtbot):
+def test_the_dock_bills_a_trace_under_a_ttl_as_the_cli_does(window, qtbot):  # noqa: F811
     w, lab = window, window.lab
     w.docks["lab"].toggleViewAction().trigger()
     qtbot.keyClicks(lab.path_edit, str(HEAD))
