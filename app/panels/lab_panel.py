@@ -43,9 +43,9 @@ TIER_COLUMNS = ("host blocks", "device hit", "host hit")  # shown when a row has
 
 
 class LabPanel(QWidget, FrameIndependent):
-    # trace path, pool blocks, block size, policy, first N requests, host blocks: show the
-    # what-if replay
-    open_requested = Signal(str, int, int, str, int, int)
+    # trace path, pool blocks, block size, policy, first N requests, host blocks, TTL s (0:
+    # none): show the what-if replay
+    open_requested = Signal(str, int, int, str, int, int, float)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -199,20 +199,24 @@ class LabPanel(QWidget, FrameIndependent):
         if 0 <= row < len(self.rows) and self.rows[row].policy in policies.POLICIES:
             r = self.rows[row]
             policy, size, host = r.policy, r.pool_blocks, r.host_blocks
-        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit, host)
+        if self.bill is not None:  # the bill's run: its TTL, its pool
+            policy, size, host = "ttl", self.bill.pool_blocks, 0
+        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit, host,
+                                 self.bill.ttl_s if self.bill is not None else 0.0)
 
     rows: list[Row] = []
+    bill = None  # the bill shown (lab.billing.Bill), if any
 
     def show_bill(self, bill, points: list[tuple[float, float]]) -> None:
         """A prompt-cache bill: cost against TTL, the prefixes, the bill in words."""
-        self.rows = []
+        self.rows, self.bill = [], bill
         self.table.hide()
         self.verdict.setText(self.bill_view.show(self.plot.getPlotItem(), bill, points))
 
     def show_result(self, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
         self.table.show()
         self.bill_view.table.hide()
-        self.rows = list(rows)
+        self.rows, self.bill = list(rows), None
         draw_curves(self.plot.getPlotItem(), lru_curve, rows,
                     [r for r in rows if r.host_blocks and r.policy == "lru"])  # LRU + host
         self.table.setRowCount(len(rows))
