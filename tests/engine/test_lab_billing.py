@@ -166,3 +166,12 @@ def test_lab_billing_errors_are_one_line_with_exit_2(argv, message, capsys):
     assert cli.main(["lab", str(TRACE), "--limit", "20", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_capacity_too_evicts_and_reads_less():
+    t = load_trace(TRACE, limit=300)
+    prices = billing.Prices(min_tokens=0)
+    free, tight = (billing.run(t, 60, prices, pool_blocks=size) for size in (None, 20_000))
+    assert free.evicted_blocks == 0 < tight.evicted_blocks
+    assert tight.read_tokens < free.read_tokens
+    assert tight.read_tokens + tight.written_tokens == free.read_tokens + free.written_tokens
