@@ -7,8 +7,8 @@ cost or saved most (writes, hits, whether they paid); the verdict line. --csv wr
 from __future__ import annotations
 
 import argparse
-import csv
 
+from kvscope.app.cli.lab_routing import write_rows
 from kvscope.lab import billing
 from kvscope.lab.traces import Trace, TraceError
 
@@ -89,9 +89,9 @@ def run(args: argparse.Namespace, trace: Trace, prices: billing.Prices) -> int:
     for b in bills:
         print(billing.verdict(b))
     if args.csv:
-        _write(args.csv, CSV_COLUMNS, [_csv_row(b, args.mode) for b in bills])
+        write_rows(args.csv, CSV_COLUMNS, [_csv_row(b, args.mode) for b in bills])
         out = args.csv.with_name(args.csv.stem + "-prefixes.csv")
-        _write(out, ("ttl_s", "pool_blocks", "start_token", "end_token", "writes", "hits",
+        write_rows(out, ("ttl_s", "pool_blocks", "start_token", "end_token", "writes", "hits",
                      "break_even_hits", "paid", "saving", "first_request"),
                [(b.ttl_s, b.pool_blocks, x.start_token, x.end_token, x.writes, x.hits,
                  f"{p.break_even:.6f}", x.paid(p), f"{x.saving(p):.6f}", x.first_request)
@@ -112,10 +112,3 @@ def _csv_row(b: billing.Bill, mode: str) -> list:
             f"{b.saving:.6f}", b.written_tokens, b.read_tokens, b.uncached_tokens,
             b.output_tokens, f"{b.token_hit_ratio:.6f}", f"{b.request_hit_ratio:.6f}",
             b.expired_blocks, b.evicted_blocks]
-
-
-def _write(path, header, rows) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
