@@ -7,6 +7,7 @@ cost or saved most (writes, hits, whether they paid); the verdict line. --csv wr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from kvscope.app.cli.lab_routing import write_rows
 from kvscope.lab import billing
@@ -47,10 +48,9 @@ def check(args: argparse.Namespace) -> billing.Prices | None:
             raise TraceError(f"--{option.replace('_', '-')} with --ttl is not supported")
     if min(args.ttl) <= 0:
         raise TraceError(f"--ttl must be > 0 seconds, got {min(args.ttl):g}")
-    prices = billing.PRESETS[args.prices][0]
-    values = {field: getattr(args, dest) for dest, field, _ in PRICE_OPTIONS
-              if getattr(args, dest) is not None}
-    prices = billing.Prices(**{**prices.__dict__, **values})
+    prices = dataclasses.replace(billing.PRESETS[args.prices][0], **{
+        field: getattr(args, dest) for dest, field, _ in PRICE_OPTIONS
+        if getattr(args, dest) is not None})
     problem = prices.problem()
     if problem:
         raise TraceError(problem)
