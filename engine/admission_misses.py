@@ -35,7 +35,11 @@ def explain_admission(mgr, request_id: int, seq, num_hit: int,
     g = full[0] if full else 0
     h = group_key(seq.hashes[num_hit], g)
     if h in mgr.pool.dropped:
-        step, why = mgr.pool.dropped[h]
+        step, why, released = mgr.pool.dropped[h]
+        if why == "expired":
+            return ex.MissExplanation(reason=ex.EXPIRED, dropped_at_step=step, dropped_by=why,
+                                      idle_s=mgr.pool.clock - released, ttl_s=mgr.pool.ttl_s,
+                                      **base)
         host = mgr.host.pool.dropped.get(h) if mgr.host is not None else None
         return ex.MissExplanation(reason=ex.EVICTED, dropped_at_step=step, dropped_by=why,
                                   host_dropped_at_step=host and host[0], **base)

@@ -4,7 +4,9 @@ As in vLLM v1: a block whose ref count drops to zero keeps its hash and waits ("
 hit takes it back in O(1); eviction is lazy, when a fresh block is needed. Free blocks without a
 hash are always reused before any cached block, most recently released first (as vLLM 0.33,
 which prepends them to its free queue; earlier versions appended them). Among cached blocks the
-eviction policy decides (`kvscope.engine.policies`: lru as vLLM, fifo, lfu).
+eviction policy decides (`kvscope.engine.policies`: lru as vLLM, fifo, lfu). Under a timed
+policy (ttl) a cached block also expires `ttl_s` seconds after its release, on the clock the
+caller moves with `expire(now)` (a trace's timestamps): its hash is dropped as "expired".
 
 Copies: as vLLM's `BlockHashToBlockMap`, a block that fills with content already cached under the
 same hash (a block-aligned prompt that fully hit recomputes its last block; a request filled a
@@ -13,7 +15,7 @@ blocks. A lookup takes the earliest registered copy still held; each copy is evi
 (one "evicted" per block, as one BlockRemoved each), and a hash counts as dropped only when its
 last copy goes.
 
-Every choice is a deterministic function of the sequence of calls (no clock, no randomness), so
+Every choice is a deterministic function of the sequence of calls (no wall clock, no randomness), so
 replaying recorded calls reproduces it. Each operation is O(1) (lru) or O(log n) (fifo, lfu).
 """
 
@@ -66,11 +68,13 @@ class PoolCopy:
 
 class BlockPool:
     def __init__(self, num_blocks: int, evicted_history: int = 1 << 18,
-                 eviction_policy: str = "lru"):
+                 eviction_policy: str = "lru", ttl_s: float | None = None):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self.eviction_policy = eviction_policy
+        self.ttl_s = ttl_s  # a timed policy's lifetime after release (None: never expires)
+        self.clock = 0.0  # seconds, moved by expire(now): release times are read from it
         self.ref_count = [0] * num_blocks
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.parent_hash: list[BlockHash | None] = [None] * num_blocks  # chain parent, if hashed
@@ -90,10 +94,12 @@ class BlockPool:
         # With them a resident block whose parent is neither resident nor a root is known to be
         # unreachable (see kvscope.engine.dead).
         self.chain_roots: set[BlockHash] = set()
-        # Hashes dropped from the cache -> (step, "evicted" | "reset"), oldest forgotten first.
-        self.dropped: OrderedDict[BlockHash, tuple[int, str]] = OrderedDict()
+        # Hashes dropped from the cache -> (step, "evicted" | "reset" | "expired", the clock at
+        # the block's last release (expired) or None), oldest forgotten first.
+        self.dropped: OrderedDict[BlockHash, tuple[int, str, float | None]] = OrderedDict()
         self.evicted_history = evicted_history  # 0: remember none (no miss explanations)
         self.num_evicted = 0
+        self.num_expired = 0  # cached blocks whose hash a TTL dropped (not in num_evicted)
         self.forgot_any = False  # `dropped` overflowed: a missing hash may have been evicted
         # When a list (a host tier takes the evicted KV): allocate appends each evicted block's
         # (block, hash, parent, group) to it, for the caller to take and clear.
@@ -257,7 +263,7 @@ class BlockPool:
                 else:
                     del hash_to_block[h]
                     if remember is not None:
-                        remember[h] = (step, "evicted")
+                        remember[h] = (step, "evicted", None)
                 block_hash[b] = self.parent_hash[b] = None
                 self.hits[b] = 0
                 evicted.append(b)
@@ -341,9 +347,25 @@ class BlockPool:
                 self._free.move_to_end(b, last=False)
         return blocks
 
-    def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str) -> None:
+    def expire(self, now: float, step: int) -> list[int]:
+        """Move the clock to `now` (seconds; never back) and, under a timed policy with a TTL,
+        drop the hash of every cached block released more than ttl_s before it: they become
+        plain free blocks. Returns them."""
+        self.clock = max(self.clock, now)
+        if self.ttl_s is None or not hasattr(self._cached, "expired"):
+            return []
+        expired = self._cached.expired(self.clock, self.ttl_s)
+        for b, released in expired:
+            self._drop_hash(b, self.block_hash[b], step, "expired", released)
+            self._free[b] = None
+            self._free.move_to_end(b, last=False)
+        self.num_expired += len(expired)
+        return [b for b, _ in expired]
+
+    def _drop_hash(self, block: int, block_hash: BlockHash, step: int, why: str,
+                   released: float | None = None) -> None:
         if not self._unregister(block, block_hash):
-            self.dropped[block_hash] = (step, why)
+            self.dropped[block_hash] = (step, why, released)
             self._forget_oldest_dropped()
         self.block_hash[block] = self.parent_hash[block] = None
         self.hits[block] = 0

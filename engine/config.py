@@ -144,6 +144,9 @@ class EngineConfig:
             if policies.check(getattr(self, name)):
                 raise ValueError(f"{own}.{name} must be one of {', '.join(policies.names())}, "
                                  f"got {shown(getattr(self, name))}")
+            if policies.POLICIES[getattr(self, name)].timed:  # (a replay could not redo it)
+                raise ValueError(f"{own}.{name} {getattr(self, name)} needs a trace's clock: "
+                                 "the lab replays it (kvscope lab TRACE --ttl S), not the engine")
 
 
 DEFAULT_CPU_BLOCKS = 2048

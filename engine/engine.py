@@ -16,7 +16,13 @@ import numpy as np
 import torch
 
 from kvscope.engine import events as ev
-from kvscope.engine.config import DEFAULT_CPU_BLOCKS, EngineConfig, SamplingParams, why_not_text
+from kvscope.engine.config import (
+    DEFAULT_CPU_BLOCKS,
+    EngineConfig,
+    SamplingParams,
+    is_int,
+    why_not_text,
+)
 from kvscope.engine.dead import dead_blocks_in_pool
 from kvscope.engine.explain import MissExplanation
 from kvscope.engine.forward_timer import ForwardTimer
@@ -114,9 +120,11 @@ class Engine:
         return self.manager.groups
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    cache_salt: str | None = None) -> int:
+                    cache_salt: str | None = None, cache_breakpoint: int | None = None) -> int:
         """Queue a request. A prompt that can never fit is rejected: the request finishes at
-        once with finish_reason "rejected" and an `error`, and the engine serves the rest."""
+        once with finish_reason "rejected" and an `error`, and the engine serves the rest.
+        `cache_breakpoint`: tokens of the prompt an API would cache (recorded for the lab's
+        billing; the engine caches every full block)."""
         params = params or SamplingParams()
         if not isinstance(prompt, (str, list, tuple)):
             raise TypeError(f"a prompt is a str or a list of token ids, not "
@@ -124,6 +132,10 @@ class Engine:
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a str or None, not {type(cache_salt).__name__}")
         cache_salt = cache_salt or None  # as vLLM: an empty salt is no salt
+        if cache_breakpoint is not None and not (is_int(cache_breakpoint)
+                                                 and cache_breakpoint >= 0):
+            raise ValueError(f"cache_breakpoint must be None or tokens >= 0, got "
+                             f"{cache_breakpoint!r}")
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.loaded.name} has no tokenizer files: pass token ids")
         problem = why_not_text(prompt, "the prompt") or why_not_text(cache_salt,
@@ -136,7 +148,7 @@ class Engine:
             ids, problem = self._token_ids(prompt)
         rid, self._next_id = self._next_id, self._next_id + 1
         req = Request(rid, ids, params, RequestMetrics(time.monotonic(), prompt_tokens=len(ids)),
-                      cache_salt, pending_forks=params.n - 1)
+                      cache_salt, pending_forks=params.n - 1, cache_breakpoint=cache_breakpoint)
         self.requests[rid] = req
         self._new.append(self._new_request(req))
         self._generators[rid] = make_generator(params)
@@ -260,7 +272,7 @@ class Engine:
     @staticmethod
     def _new_request(r: Request) -> NewRequest:
         return NewRequest(r.request_id, r.prompt_token_ids, r.params, r.metrics.arrival_s,
-                          r.cache_salt, r.parent_id, r.sample_index)
+                          r.cache_salt, r.parent_id, r.sample_index, r.cache_breakpoint)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:

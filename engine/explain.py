@@ -12,6 +12,7 @@ NEVER_STORED = "never_stored"  # no request stored these tokens after this prefi
 EVICTED = "evicted"  # stored once, evicted (or dropped by a reset) at a known step
 DIFFERENT_EXTRA_KEYS = "different_extra_keys"  # same tokens stored under another salt/adapter/model
 FORGOTTEN = "forgotten"  # not cached, and older than the eviction history kept
+EXPIRED = "expired"  # stored once, its TTL ran out before this request came (a timed policy)
 WINDOW_CUT = "window_cut"  # a sliding-window group lacked blocks before the point others reached
 
 
@@ -38,6 +39,9 @@ class MissExplanation:
     # was evicted too (None: it never had one, or no host tier)
     host_hit_blocks: int = 0
     host_dropped_at_step: int | None = None
+    # EXPIRED: seconds from the block's last use to this request, and the TTL
+    idle_s: float | None = None
+    ttl_s: float | None = None
 
     @property
     def num_hit_tokens(self) -> int:
@@ -80,6 +84,9 @@ class MissExplanation:
                     f", and its copy on the host tier evicted at step {self.host_dropped_at_step}")
             return f"{hit}; first miss at {where}: it was cached, then {how} at step " \
                    f"{self.dropped_at_step}{host}."
+        if self.reason == EXPIRED:
+            return (f"{hit}; first miss at {where}: it was cached, then expired "
+                    f"{self.idle_s:,.0f} s after its last use (TTL {self.ttl_s:,.0f} s).")
         if self.reason == DIFFERENT_EXTRA_KEYS:
             keys = ", ".join(self.differing_keys)
             return (f"{hit}; first miss at {where}: the same tokens are cached under a different "

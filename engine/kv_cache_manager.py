@@ -54,8 +54,8 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
                  model_fingerprint: str = "", record_events: bool = True,
                  eviction_policy: str = "lru", groups: tuple[KVGroup, ...] = ONE_GROUP,
-                 host_blocks: int = 0, host_eviction_policy: str = "lru"):
-        """`host_blocks`: a host tier of that many blocks behind the pool (engine.host_tier)."""
+                 host_blocks: int = 0, host_eviction_policy: str = "lru", ttl_s=None):
+        """host_blocks: a host tier (engine.host_tier); ttl_s: the ttl policy's (advance_clock)"""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -65,7 +65,7 @@ class KVCacheManager:
                                     key=lambda g: self.groups[g].window is not None)
         self.enable_prefix_caching = enable_prefix_caching
         self.model_fingerprint = model_fingerprint
-        self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy)
+        self.pool = BlockPool(num_blocks, eviction_policy=eviction_policy, ttl_s=ttl_s)
         self.events = ev.EventLog(record_events)
         self.host = (HostTier(host_blocks, self.pool, self.events, host_eviction_policy)
                      if host_blocks else None)
@@ -310,6 +310,11 @@ class KVCacheManager:
         self.num_window_freed = 0
         self._registered.clear()
         self.new_explanations = []
+
+    def advance_clock(self, now: float) -> None:
+        """Move the pool's clock to `now` (seconds); drop what a TTL expired by then."""
+        if expired := self.pool.expire(now, self.step):
+            self.events.emit(ev.EVICTED, self.step, None, expired, detail="expired")
 
     def uncache(self, request_id: int) -> list[int]:
         """The forward pass that was to write this request's new KV failed: withdraw the hashes

@@ -5,7 +5,9 @@ ordered set, if the two below do not fit).
 
 A policy's ordered set has push (a block became cached), remove (a hit took it back), pop (the
 next to evict), clone, order (eviction order, a copy) and len. Every choice must be a
-deterministic function of the calls (no clock, no randomness): replay depends on it.
+deterministic function of the calls (no randomness): replay depends on it. A timed policy (ttl)
+reads a clock too, but only the one its caller sets (`BlockPool.expire(now)`: a trace's or a
+session's timestamps), never the wall clock.
 """
 
 from __future__ import annotations
@@ -87,11 +89,39 @@ class HeapCached:
         return [b for _, t, b in sorted(self._heap) if self._tick.get(b) == t]
 
 
+class TtlCached(LruCached):
+    """LRU order, each block with its release time on the pool's clock (`pool.clock`): the
+    clock only moves forward, so the blocks that expired are a run at the head."""
+
+    keeps_release_order = False  # a snapshot has no release times: rebuilt by push
+
+    def push(self, block: int, pool) -> None:
+        self._queue[block] = pool.clock
+
+    def clone(self) -> TtlCached:
+        new = TtlCached()
+        new._queue = self._queue.copy()
+        return new
+
+    def expired(self, now: float, ttl_s: float) -> list[tuple[int, float]]:
+        """(block, its release time) of each block released more than ttl_s before now,
+        taken off the set, oldest first."""
+        out, queue = [], self._queue
+        while queue:
+            block, released = next(iter(queue.items()))
+            if now - released <= ttl_s:
+                break
+            queue.popitem(last=False)
+            out.append((block, released))
+        return out
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
     help: str  # one line: what goes first
     make: Callable[[], object]  # a new, empty ordered set of cached blocks
+    timed: bool = False  # blocks also expire on a clock (needs a TTL and a caller's clock)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
@@ -101,12 +131,16 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            lambda: HeapCached(lambda pool, b: pool.cached_seq[b])),
     Policy("lfu", "fewest prefix hits since the block was cached, least recently released "
            "among equals", lambda: HeapCached(lambda pool, b: pool.hits[b])),
+    Policy("ttl", "a cached block expires T seconds after its last use (the trace's clock), as "
+           "an API's prompt cache; when the pool is full, least recently released first",
+           TtlCached, timed=True),
 )}
 
 
-def names() -> tuple[str, ...]:
-    """The policies, in table order (read when needed: a row added later shows)."""
-    return tuple(POLICIES)
+def names(timed: bool = True) -> tuple[str, ...]:
+    """The policies, in table order (read when needed: a row added later shows); without the
+    timed ones (which need a TTL and a clock) when `timed` is False."""
+    return tuple(n for n, p in POLICIES.items() if timed or not p.timed)
 
 
 def check(name) -> str | None:

@@ -31,6 +31,7 @@ class Request:
     error: str | None = None
     text: str = ""
     pending_forks: int = 0  # samples still to fork when this request's prompt is done
+    cache_breakpoint: int | None = None  # an API would cache the prompt up to here (the lab)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -33,6 +33,7 @@ class NewRequest:
     cache_salt: str | None = None
     parent_id: int | None = None
     sample_index: int = 0
+    cache_breakpoint: int | None = None  # tokens an API would cache (kvscope.lab.billing)
 
 
 @dataclass

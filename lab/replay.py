@@ -14,6 +14,11 @@ from the start.
 
 With a host tier (`host_blocks`, `host_policy`; whatif.replay's rules) a checkpoint holds the
 host pool too, and each step's record counts the blocks offloaded and loaded in it.
+
+Under the ttl policy (`ttl_s`) the pool's clock is the trace's: request i-1 is freed at its own
+arrival's time, then the clock moves to request i's arrival (dropping what expired), as
+whatif's sequential mode does; a miss on an expired block is explained as such. Every full
+block is cached (no breakpoints, no minimum: lab.billing's replay has them).
 """
 
 from __future__ import annotations
@@ -61,9 +66,9 @@ class WhatIfReplay:
     def __init__(self, trace: Trace, pool_blocks: int, block_size: int = 16,
                  policy: str = "lru", keep_events: int | None = None,
                  groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0,
-                 host_policy: str = "lru"):
+                 host_policy: str = "lru", ttl_s: float | None = None):
         trace.check_block_size(block_size)
-        self.host_blocks, self.host_policy = host_blocks, host_policy
+        self.host_blocks, self.host_policy, self.ttl_s = host_blocks, host_policy, ttl_s
         self.trace, self.pool_blocks, self.block_size, self.policy = (
             trace, pool_blocks, block_size, policy)
         self.groups = trace.groups if groups is None else groups
@@ -125,7 +130,7 @@ class WhatIfReplay:
         """A fresh manager, or one on checkpointed pools (clones of them)."""
         mgr = KVCacheManager(self.pool_blocks, self.block_size, eviction_policy=self.policy,
                              groups=self.groups, host_blocks=self.host_blocks,
-                             host_eviction_policy=self.host_policy)
+                             host_eviction_policy=self.host_policy, ttl_s=self.ttl_s)
         if pool is not None:
             mgr.pool = _clone(pool)
         if mgr.host is not None:
@@ -140,6 +145,7 @@ class WhatIfReplay:
         mgr.begin_step(i)
         if i - 1 in self.cached:
             mgr.free(i - 1)
+        mgr.advance_clock(self.trace.requests[i].arrival_s)
 
     def _admit(self, mgr: KVCacheManager, i: int, count_stats: bool = True) -> list[ev.Event]:
         """Request i admitted (unless it is larger than the pool); the step's events."""
@@ -178,6 +184,7 @@ class WhatIfReplay:
             pool, host, begun = self._checkpoints[start]
             c = self._cursor = _Cursor(self._manager(pool, host), start)
             c.manager.begin_step(start)
+            c.manager.advance_clock(self.trace.requests[start].arrival_s)
             c.events = begun + self._admit(c.manager, start, count_stats=False)
         while c.step < step:
             c.step += 1

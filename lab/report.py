@@ -88,8 +88,9 @@ def replay_row(r: whatif.WhatIfResult, no_host_hit_ratio: float | None = None) -
 
 
 def lab_policies() -> tuple[str, ...]:
-    """What the lab can run: every eviction policy, and Belady's ceiling."""
-    return (*policies.names(), "belady")
+    """What the lab's miss-ratio runs can run: every eviction policy but the timed ones (ttl:
+    `kvscope lab --ttl`, lab.billing), and Belady's ceiling."""
+    return (*policies.names(timed=False), "belady")
 
 
 def one_full_group(groups: tuple[KVGroup, ...]) -> bool:

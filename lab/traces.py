@@ -17,6 +17,9 @@ i.e. how far a trace is from being chained by itself.
 At kvscope's block size (which must divide the trace's), trace block i covers kvscope blocks
 i*k .. i*k+k-1 (k = trace block / block size); the last trace id may cover a partial block, as
 the token run it stands for is cut at ``input_length``.
+
+A line may carry ``cache_breakpoint`` (tokens): an API caches the prompt only up to there
+(a ``cache_control`` breakpoint; kvscope.lab.billing). Without it every full block is cacheable.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class LabRequest:
     input_length: int
     output_length: int
     nodes: tuple[int, ...]  # interned chain nodes, one per trace block of the prompt
+    breakpoint: int | None = None  # cache only up to this token (lab.billing; None: all)
 
 
 @dataclass
@@ -113,6 +117,10 @@ def load_trace(path: str | Path, fmt: str | None = None, limit: int | None = Non
                 n_in, n_out = int(r["input_length"]), int(r["output_length"])
                 if n_in < 0 or n_out < 0 or not all(isinstance(h, int) for h in ids):
                     raise ValueError("negative length or a non-integer hash id")
+                cut = r.get("cache_breakpoint")
+                if cut is not None and (not isinstance(cut, int) or cut < 0):
+                    raise ValueError(f"cache_breakpoint must be a whole number of tokens >= 0, "
+                                     f"got {cut!r}")
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise TraceError(f"{path}:{lineno}: not a {fmt} trace line ({e})") from None
             nodes, node, prev = [], -1, None
@@ -126,7 +134,7 @@ def load_trace(path: str | Path, fmt: str | None = None, limit: int | None = Non
             for i in range(len(ids), -(-n_in // FORMATS[fmt])):
                 node = node_of.setdefault((node, ("own", lineno, i)), len(node_of))
                 nodes.append(node)
-            requests.append(LabRequest(arrival, n_in, n_out, tuple(nodes)))
+            requests.append(LabRequest(arrival, n_in, n_out, tuple(nodes), cut))
     if not requests:
         raise TraceError(f"{path}: no requests")
     return Trace(path.name, fmt, FORMATS[fmt], requests, len(unchained))

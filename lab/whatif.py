@@ -27,6 +27,12 @@ and loads what it finds back (the host copy stays). Each request is a step (`beg
 host blocks loaded for one request are held through it and free again at the next. The result
 then splits the hit tokens by tier and counts the blocks offloaded, loaded and evicted from the
 host.
+
+A timed policy (ttl, with `ttl_s`): the pool's clock is the trace's. Each arrival moves it (and
+in timed mode each finish, before the request's blocks are released, so a block's last use is
+the end of the last request holding it): a cached block expires once ttl_s seconds have passed
+since its last use. In sequential mode a request is freed as it arrives, so a block's last use
+is the arrival of the last request that used it, as an API's prompt cache counts it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ class WhatIfResult:
     offloaded_blocks: int = 0  # device blocks copied to the host when evicted
     loaded_blocks: int = 0  # host blocks copied back to the device
     host_evicted_blocks: int = 0
+    ttl_s: float | None = None  # the ttl policy's lifetime (None: none)
+    expired_blocks: int = 0  # cached blocks a TTL dropped (not in evicted_blocks)
 
     @property
     def device_hit_tokens(self) -> int:
@@ -119,12 +127,13 @@ def block_hashes(trace: Trace, block_size: int) -> list[list[bytes]]:
 
 def new_manager(trace: Trace, pool_blocks: int, block_size: int, policy: str,
                 groups: tuple[KVGroup, ...] | None, host_blocks: int, host_policy: str,
-                record_events: bool = False) -> KVCacheManager:
+                record_events: bool = False, ttl_s: float | None = None) -> KVCacheManager:
     """A what-if pool: the real manager, without the eviction history (the lab explains no
     misses)."""
     mgr = KVCacheManager(pool_blocks, block_size, record_events=record_events,
                          eviction_policy=policy, groups=trace.groups if groups is None else groups,
-                         host_blocks=host_blocks, host_eviction_policy=host_policy)
+                         host_blocks=host_blocks, host_eviction_policy=host_policy,
+                         ttl_s=ttl_s)
     mgr.pool.evicted_history = 0
     if mgr.host is not None:
         mgr.host.pool.evicted_history = 0
@@ -135,17 +144,19 @@ def replay(trace: Trace, pool_blocks: int, block_size: int = 16, policy: str = "
            mode: str = "sequential", tpot_s: float = 0.03,
            hashes: list[list[bytes]] | None = None, on_request=None,
            groups: tuple[KVGroup, ...] | None = None, host_blocks: int = 0,
-           host_policy: str = "lru", prefill_s: float = 0.0) -> WhatIfResult:
+           host_policy: str = "lru", prefill_s: float = 0.0,
+           ttl_s: float | None = None) -> WhatIfResult:
     """Replay the trace; `hashes` from block_hashes() may be shared between runs.
     on_request(manager, i): called after request i is admitted (for observers). groups: the
     KV-cache groups (None: the trace's). host_blocks: a host tier of that many blocks (0:
     none), evicting by host_policy. prefill_s: timed mode, seconds per prompt token computed
-    (not served from the cache), added to the time a request holds its blocks."""
+    (not served from the cache), added to the time a request holds its blocks. ttl_s: the
+    ttl policy's lifetime of a cached block after its last use."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     hashes = hashes if hashes is not None else block_hashes(trace, block_size)
     mgr = new_manager(trace, pool_blocks, block_size, policy, groups, host_blocks, host_policy,
-                      on_request is not None)
+                      on_request is not None, ttl_s)
     pool = new_pool(mode, mgr, trace, hashes, tpot_s, prefill_s, on_request)
     start = time.perf_counter()
     for i, r in enumerate(trace.requests):
@@ -170,6 +181,7 @@ class SequentialPool:
         self.mgr, self.trace, self.hashes, self.on_request = mgr, trace, hashes, on_request
         self.hit_tokens = self.host_tokens = self.query_tokens = 0
         self.num_requests = self.requests_hit = self.rejected = self.blocks = 0
+        self.on_count = None  # on_count(i, hit tokens): each request admitted (lab.billing)
 
     def arrive(self, i: int, now: float) -> None:
         mgr, n = self.mgr, self.trace.requests[i].input_length
@@ -178,6 +190,7 @@ class SequentialPool:
         if n == 0:
             return
         mgr.begin_step(i)
+        mgr.advance_clock(now)
         # the pool holds nothing but the cache now: a request it cannot take never fits
         cached = mgr.admit(i, [0] * n, count_stats=False, block_hashes=self.hashes[i])
         if cached is None:
@@ -192,6 +205,8 @@ class SequentialPool:
     def _count(self, i: int, cached: int, allocated: int) -> None:
         self.hit_tokens += cached
         self.requests_hit += cached > 0
+        if self.on_count is not None:
+            self.on_count(i, cached)
         self.blocks += len(self.hashes[i]) + allocated
 
     def finish_until(self, t: float) -> None:
@@ -210,7 +225,8 @@ class SequentialPool:
             self.query_tokens, self.num_requests, self.requests_hit, self.rejected,
             c.num_evicted_blocks, self.blocks, wall_s, mgr.groups,
             mgr.host.pool.num_blocks if mgr.host else 0, host_policy, self.host_tokens,
-            c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks)
+            c.num_offloaded_blocks, c.num_loaded_blocks, c.num_host_evicted_blocks,
+            mgr.pool.ttl_s, mgr.pool.num_expired)
 
 
 class TimedPool(SequentialPool):
@@ -241,6 +257,7 @@ class TimedPool(SequentialPool):
     def _try_admit(self, i: int, now: float) -> bool:
         mgr, r = self.mgr, self.trace.requests[i]
         mgr.begin_step(next(self.steps))
+        mgr.advance_clock(now)
         cached = mgr.admit(i, [0] * r.input_length, count_stats=False,
                            block_hashes=self.hashes[i])
         if cached is None:
@@ -261,6 +278,7 @@ class TimedPool(SequentialPool):
     def finish_until(self, t: float) -> None:
         while self.finishing and self.finishing[0][0] <= t:
             done, i = heapq.heappop(self.finishing)
+            self.mgr.advance_clock(done)
             self.mgr.free(i)
             r = self.trace.requests[i]
             self.held_tokens -= r.input_length + r.output_length

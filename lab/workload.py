@@ -24,6 +24,11 @@ Request keys (only ``prompt`` or ``prompt_ids`` is required):
   string or a list of non-empty strings), ``ignore_eos``; defaults and ranges are
   ``SamplingParams``'s.
 - ``cache_salt`` (string): the tenant / trust domain; prefixes are never shared across salts.
+- ``cache_breakpoint``: where an API's prompt cache would stop (a ``cache_control`` mark): a
+  number of prompt tokens, or ``"prefix"``: the end of the line's ``prefix`` (the system
+  prompt; not on chat lines). The engine caches every full block regardless; the breakpoint is
+  recorded with the request, and the lab bills a recorded session with it
+  (``kvscope lab SESSION --ttl S``; kvscope.lab.billing). Without it every full block counts.
 - ``id`` (string or integer): a name other lines can refer to; unique in the file.
 - ``follows``: the ``id`` of an earlier line. This request is submitted only once that one has
   finished (and its own ``arrival_s`` has passed), and its prompt is that request's prompt token
@@ -54,7 +59,7 @@ from kvscope.engine.config import SamplingParams, check_text, is_int, is_number,
 
 SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 REQUEST_KEYS = ("arrival_s", "prompt", "prompt_ids", "prefix", "cache_salt", "id", "follows",
-                "chat", *SAMPLING_KEYS)
+                "chat", "cache_breakpoint", *SAMPLING_KEYS)
 PREFIX_KEYS = ("define_prefix", "text")
 
 
@@ -75,6 +80,7 @@ class WorkloadRequest:
     id: str | None = None
     follows: str | None = None
     chat: bool = False
+    cache_breakpoint: int | str | None = None  # tokens, or "prefix" (its end)
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -176,6 +182,8 @@ _CHECKS = {  # request key -> (test, what it must be); sampling keys: SamplingPa
     "id": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
     "follows": (lambda v: isinstance(v, str) or is_int(v), "a string or an integer"),
     "chat": (lambda v: isinstance(v, bool), "true or false"),
+    "cache_breakpoint": (lambda v: v == "prefix" or (is_int(v) and 0 <= v < TOKEN_ID_LIMIT),
+                         '"prefix" or a whole number of tokens >= 0'),
 }
 
 
@@ -227,6 +235,10 @@ def _parse_request(obj: dict, lineno: int, prefixes: dict[str, str], ids: dict[s
     elif not req.prefix_text and not (req.prompt or req.prompt_ids):
         raise fail("empty prompt")
     req.chat = obj.get("chat", False)
+    req.cache_breakpoint = obj.get("cache_breakpoint")
+    if req.cache_breakpoint == "prefix" and (req.prefix is None or req.chat):
+        raise fail('cache_breakpoint "prefix" needs a plain line with a \'prefix\' (a chat '
+                   "line's system prompt is templated: give a number of tokens)")
     if req.chat and req.prompt is None:
         raise fail("a chat line's prompt is a message: use 'prompt', not 'prompt_ids'")
     if req.follows is not None and req.chat != ids[req.follows]:

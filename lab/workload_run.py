@@ -203,7 +203,10 @@ class WorkloadRunner:
             prompt = list(engine.tokenizer.encode(req.prefix_text)) + list(req.prompt_ids)
         else:
             prompt = list(req.prompt_ids)
-        line.request_id = engine.add_request(prompt, req.params, req.cache_salt)
+        breakpoint = req.cache_breakpoint
+        if breakpoint == "prefix":  # (text: the prefix joined to the prompt, then encoded)
+            breakpoint = len(engine.tokenizer.encode(req.prefix_text))
+        line.request_id = engine.add_request(prompt, req.params, req.cache_salt, breakpoint)
         line.submitted_s = now
         self._by_rid[line.request_id] = line
         self._samples[line.request_id] = [line.request_id]

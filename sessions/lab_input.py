@@ -39,11 +39,13 @@ def load_lab_input(path: str | Path, fmt: str | None = None, limit: int | None =
             nodes.append(node)
         if r.prompt_tokens % block_size:  # the partial last block is this request's own
             nodes.append(node_of.setdefault((node, ("own", r.request_id)), len(node_of)))
-        lab.append(LabRequest(r.arrival_s, r.prompt_tokens, r.output_tokens or 0, tuple(nodes)))
+        lab.append(LabRequest(r.arrival_s, r.prompt_tokens, r.output_tokens or 0, tuple(nodes),
+                              r.cache_breakpoint))
     if not lab:
         raise TraceError(f"{path}: the session has no requests")
     t0 = lab[0].arrival_s
-    lab = [LabRequest(r.arrival_s - t0, r.input_length, r.output_length, r.nodes) for r in lab]
+    lab = [LabRequest(r.arrival_s - t0, r.input_length, r.output_length, r.nodes, r.breakpoint)
+           for r in lab]
     return Trace(path.name, "session", block_size, lab, 0, groups, per_token)
 
 

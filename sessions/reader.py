@@ -104,6 +104,7 @@ class RecordedRequest:
     num_preemptions: int | None
     prompt_text: str | None
     output_text: str | None
+    cache_breakpoint: int | None = None  # tokens an API would cache (files from before: None)
 
 
 class SessionReader(Seeking):
@@ -288,9 +289,15 @@ class SessionReader(Seeking):
     def step_numbers(self) -> range:
         return range(self.first_step, self.last_step + 1) if self._steps else range(0)
 
+    def _request_columns(self) -> list[str]:
+        """RecordedRequest's fields as SELECT columns (NULL for one a file from before lacks)."""
+        have = {r[1] for r in self._query("PRAGMA table_info(requests)")}
+        return [f.name if f.name in have else "NULL" for f in fields(RecordedRequest)]
+
     def requests(self) -> list[RecordedRequest]:
         names = [f.name for f in fields(RecordedRequest)]
-        rows = self._query(f"SELECT {', '.join(names)} FROM requests ORDER BY request_id")
+        rows = self._query(f"SELECT {', '.join(self._request_columns())} FROM requests "
+                           "ORDER BY request_id")
         out = []
         for r in rows:
             d = dict(zip(names, r, strict=True))
@@ -303,8 +310,8 @@ class SessionReader(Seeking):
     def request(self, request_id: int) -> RecordedRequest | None:
         """One request's row (None: not in the file)."""
         names = [f.name for f in fields(RecordedRequest)]
-        rows = self._query(f"SELECT {', '.join(names)} FROM requests WHERE request_id = ?",
-                           (request_id,))
+        rows = self._query(f"SELECT {', '.join(self._request_columns())} FROM requests "
+                           "WHERE request_id = ?", (request_id,))
         if not rows:
             return None
         d = dict(zip(names, rows[0], strict=True))

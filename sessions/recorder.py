@@ -326,7 +326,7 @@ class Recorder(SessionWriter):
         return _RequestInfo(r.request_id, r.parent_id, r.sample_index, r.arrival_s,
                             len(r.prompt_token_ids), r.cache_salt, params,
                             list(r.prompt_token_ids) if self.record_text else None,
-                            list(r.prompt_token_ids))
+                            list(r.prompt_token_ids), r.cache_breakpoint)
 
     def _set_lagging(self, why: str) -> None:
         self._lagging = True

@@ -112,6 +112,7 @@ def create_tables(db, step_columns: dict[str, type]) -> None:
         "first_scheduled_s": float, "first_token_s": float, "finished_s": float,
         "queue_s": float, "ttft_s": float, "tpot_s": float, "e2e_s": float,
         "num_preemptions": int, "prompt_text": str, "output_text": str,
+        "cache_breakpoint": int,  # (files from before it: none)
     }, pk="request_id")
     cols = {"step": int}
     cols.update({k: v for k, v in step_columns.items() if k != "step"})

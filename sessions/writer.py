@@ -46,6 +46,7 @@ class _RequestInfo:
     params: dict
     prompt_ids: list[int] | None  # only with record_text
     tokens: list[int]  # the prompt, hashed into its block chain by the writer, never stored
+    cache_breakpoint: int | None = None
 
 
 @dataclass
@@ -268,7 +269,7 @@ class SessionWriter:
                     salt_digest=self._salt_digest(info.cache_salt),
                     prompt_tokens=info.prompt_tokens, params=json.dumps(info.params),
                     status="waiting" if info.parent_id is None else "running",
-                    prompt_text=text), ends
+                    prompt_text=text, cache_breakpoint=info.cache_breakpoint), ends
 
     def _output_ends(self, rows: list[dict]) -> list[tuple[int, bytes]]:
         """Takes the output token ids out of finished rows (see _state_row) and returns where

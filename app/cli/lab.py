@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvscope.app.cli import lab_routing
+from kvscope.app.cli import lab_billing, lab_routing
 from kvscope.app.cli.common import positive_int
 from kvscope.engine import policies as eviction_policies
 from kvscope.lab import report, tiers
@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
                    "(a size with --kv-bytes-per-token). Each what-if "
                    "row is followed by one per host size (hits per tier, blocks offloaded and "
                    "loaded, the sizing line); one full-attention group only")
-    p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(),
+    p.add_argument("--host-policy", nargs="+", choices=eviction_policies.names(timed=False),
                    default=["lru"], help="the host tier's eviction policies (default lru)")
     p.add_argument("--kv-bytes-per-token", type=positive_int, default=None, metavar="BYTES",
                    help="the model's KV bytes per token (all layers, K and V): bytes moved "
@@ -70,6 +70,7 @@ def add_parser(sub) -> None:
                    "cache over time and sizing advice (sequential mode); with --csv also "
                    "OUT-residency.csv")
     lab_routing.add_arguments(p)
+    lab_billing.add_arguments(p)
     p.set_defaults(func=cmd_lab)
 
 
@@ -90,6 +91,7 @@ def _lab(args: argparse.Namespace) -> int:
             raise TraceError(f"--{name.replace('_', '-')} must be >= 0, got "
                              f"{getattr(args, name):g}")
     routers = lab_routing.check(args)
+    prices = lab_billing.check(args)
     if args.residency and args.mode != "sequential":
         raise TraceError("--residency needs --mode sequential (time is counted in requests)")
     for out in (args.csv, args.png):
@@ -123,6 +125,8 @@ def _lab(args: argparse.Namespace) -> int:
     note = "" if report.one_full_group(groups) or "belady" not in policies else \
         "; belady is the full-attention group's ceiling"
     print(f"KV-cache groups: {' + '.join(g.name for g in groups)} ({groups_spec(groups)}){note}")
+    if prices is not None:
+        return lab_billing.run(args, trace, prices)
     sizes = args.pool_blocks
     if sizes is None:  # (every group holds its own copy of a block)
         from kvscope.lab import ceilings

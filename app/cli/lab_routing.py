@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, trace: Trace, routers: list[str], sizes: list[
                 rows += routing.csv_rows(r, one.token_hit_ratio)
             print(routing.verdict(results, one.token_hit_ratio))
     if args.csv:
-        _write(args.csv, routing.CSV_COLUMNS, rows)
+        write_rows(args.csv, routing.CSV_COLUMNS, rows)
         print(f"wrote {args.csv}")
     if args.png or args.csv:
         from kvscope.lab import ceilings
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, trace: Trace, routers: list[str], sizes: list[
                                policy=policies[0], **kw)
         if args.csv:
             out = args.csv.with_name(args.csv.stem + "-routing-curve.csv")
-            _write(out, ("router", "pool_blocks_per_replica", "token_hit_ratio"),
+            write_rows(out, ("router", "pool_blocks_per_replica", "token_hit_ratio"),
                    [(name, n, f"{h:.6f}") for name, pts in points.items() for n, h in pts])
             print(f"wrote {out} (the miss-ratio curve per router: {policies[0]}, {R} replicas)")
         if args.png:
@@ -104,7 +104,8 @@ def run(args: argparse.Namespace, trace: Trace, routers: list[str], sizes: list[
     return 0
 
 
-def _write(path, header, rows) -> None:
+def write_rows(path, header, rows) -> None:
+    """A CSV file: the header, then the rows."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(header)

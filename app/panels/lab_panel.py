@@ -3,7 +3,8 @@ run the lab in a worker process (progress, Cancel), then the miss-ratio curves, 
 rows (with host tiers, each what-if row again per host size, its hits split by tier) and a
 verdict (how far LRU is from the ceilings at the largest size replayed; what each host tier
 adds there: lab.tiers.sizing_line). "Open the replay" asks the window to show the what-if run of
-the selected row (or the first size, behind the first host size) as a frame source."""
+the selected row (or the first size, behind the first host size) as a frame source. With a TTL
+the run is the prompt-cache bill instead (app.panels.lab_billing)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.panels import FrameIndependent
+from kvscope.app.panels.lab_billing import BillingControls, BillView
 from kvscope.app.panels.result_view import plot_over_table, result_table
 from kvscope.app.plots.lab import draw_curves
 from kvscope.app.workers.lab import LabJob, LabRun
@@ -41,9 +43,9 @@ TIER_COLUMNS = ("host blocks", "device hit", "host hit")  # shown when a row has
 
 
 class LabPanel(QWidget, FrameIndependent):
-    # trace path, pool blocks, block size, policy, first N requests, host blocks: show the
-    # what-if replay
-    open_requested = Signal(str, int, int, str, int, int)
+    # trace path, pool blocks, block size, policy, first N requests, host blocks, TTL s (0:
+    # none): show the what-if replay
+    open_requested = Signal(str, int, int, str, int, int, float)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -52,14 +54,19 @@ class LabPanel(QWidget, FrameIndependent):
         self.timer.timeout.connect(self._poll)
         self.plot = pg.PlotWidget(background="w")
         self.table = result_table(COLUMNS + TIER_COLUMNS)
+        self.billing = BillingControls()
+        self.bill_view = BillView()
         self.verdict = QLabel("Pick a trace (Mooncake or Qwen-Bailian JSONL) or a recorded "
                               "session and press Run.")
         self.verdict.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(self._build_controls())
         self.setFocusProxy(self.path_edit)  # opened, the lab takes a trace first
+        layout.addWidget(self.billing)
         layout.addWidget(self.verdict)
-        layout.addWidget(plot_over_table(self.plot, self.table), 1)
+        split = plot_over_table(self.plot, self.table)
+        split.addWidget(self.bill_view.table)
+        layout.addWidget(split, 1)
 
     def _build_controls(self) -> QGridLayout:
         self.path_edit = QLineEdit()
@@ -134,7 +141,8 @@ class LabPanel(QWidget, FrameIndependent):
         if not policies:
             return "Tick at least one policy."
         return LabJob(path, sizes, policies, self.block_size.value(), self.mode.currentText(),
-                      self.limit.value(), tuple(dict.fromkeys(hosts)))
+                      self.limit.value(), tuple(dict.fromkeys(hosts)), self.billing.ttl_s(),
+                      self.billing.prices())
 
     def start(self) -> None:
         job = self.job()
@@ -169,9 +177,11 @@ class LabPanel(QWidget, FrameIndependent):
         run = self.run
         if run is None or not run.poll():
             return
-        self.progress.setValue(len(run.rows))
+        self.progress.setValue(run.num_done)
         if run.error is not None:
             self.verdict.setText(f"The lab run failed: {run.error}")
+        elif run.curve is not None and run.bill is not None:
+            self.show_bill(run.bill, run.curve)
         elif run.curve is not None:
             self.show_result(run.curve, run.rows)
         if run.done:
@@ -189,12 +199,24 @@ class LabPanel(QWidget, FrameIndependent):
         if 0 <= row < len(self.rows) and self.rows[row].policy in policies.POLICIES:
             r = self.rows[row]
             policy, size, host = r.policy, r.pool_blocks, r.host_blocks
-        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit, host)
+        if self.bill is not None:  # the bill's run: its TTL, its pool
+            policy, size, host = "ttl", self.bill.pool_blocks, 0
+        self.open_requested.emit(job.path, size, job.block_size, policy, job.limit, host,
+                                 self.bill.ttl_s if self.bill is not None else 0.0)
 
     rows: list[Row] = []
+    bill = None  # the bill shown (lab.billing.Bill), if any
+
+    def show_bill(self, bill, points: list[tuple[float, float]]) -> None:
+        """A prompt-cache bill: cost against TTL, the prefixes, the bill in words."""
+        self.rows, self.bill = [], bill
+        self.table.hide()
+        self.verdict.setText(self.bill_view.show(self.plot.getPlotItem(), bill, points))
 
     def show_result(self, lru_curve: list[tuple[int, float]], rows: list[Row]) -> None:
-        self.rows = list(rows)
+        self.table.show()
+        self.bill_view.table.hide()
+        self.rows, self.bill = list(rows), None
         draw_curves(self.plot.getPlotItem(), lru_curve, rows,
                     [r for r in rows if r.host_blocks and r.policy == "lru"])  # LRU + host
         self.table.setRowCount(len(rows))

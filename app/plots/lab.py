@@ -37,6 +37,7 @@ def draw_curves(item, lru_curve: list[tuple[int, float]], rows: list[Row],
         item.addLegend(offset=(10, 10))
     item.setLogMode(x=True, y=False)
     item.setLabel("bottom", "pool size (blocks)")
+    item.getAxis("bottom").setTicks(None)  # (a bill's cost curve names its TTLs)
     item.setLabel("left", "token hit ratio")
     percent_axis(item.getAxis("left"), True)
     item.showGrid(x=True, y=True, alpha=0.3)

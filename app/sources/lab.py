@@ -26,13 +26,14 @@ READ_ONLY = "A what-if lab replay cannot be changed: press Back to live to use t
 
 
 def lab_replay(trace: Trace, pool_blocks: int, block_size: int = 16,
-               policy: str = "lru", host_blocks: int = 0) -> WhatIfReplay:
+               policy: str = "lru", host_blocks: int = 0,
+               ttl_s: float | None = None) -> WhatIfReplay:
     """The run a LabSource shows, not yet run (a trace without requests: SessionError);
-    `host_blocks`: a host tier (lru) behind the pool."""
+    `host_blocks`: a host tier (lru) behind the pool; `ttl_s`: the ttl policy's lifetime."""
     if not trace.requests:
         raise SessionError(f"{trace.name}: the trace has no requests")
     return WhatIfReplay(trace, pool_blocks, block_size, policy, keep_events=MAX_EVENTS,
-                        host_blocks=host_blocks)
+                        host_blocks=host_blocks, ttl_s=ttl_s)
 
 
 class LabSource(FrameSource):
@@ -49,6 +50,8 @@ class LabSource(FrameSource):
         self.name = f"lab: {Path(trace.name).name} at {pool_blocks:,} blocks, {policy}"
         if replay.host_blocks:
             self.name += f", host tier {replay.host_blocks:,} blocks"
+        if replay.ttl_s:
+            self.name += f", TTL {replay.ttl_s:,.0f} s"
         self.read_only = READ_ONLY
         self._first = Frame(records=list(replay.records), events=list(replay.events),
                             dead_counts=replay.dead_counts)
@@ -86,7 +89,7 @@ class LabSource(FrameSource):
         return {"model": f"lab: {Path(self.trace.name).name}", "num_blocks": self.pool_blocks,
                 "block_size": self.block_size, "kv_cache_dtype": None,
                 "enable_prefix_caching": True, "policy": self.policy,
-                "host_blocks": self.replay.host_blocks,
+                "host_blocks": self.replay.host_blocks, "ttl_s": self.replay.ttl_s,
                 "kv_bytes_per_token": self.trace.kv_bytes_per_token}
 
 
@@ -157,7 +160,8 @@ _OPENING: set[LabOpening] = set()
 
 
 def open_lab_source(parent, path: str, limit: int | None, pool_blocks: int, block_size: int,
-                    policy: str, on_ready, on_error, host_blocks: int = 0) -> LabOpening:
+                    policy: str, on_ready, on_error, host_blocks: int = 0,
+                    ttl_s: float | None = None) -> LabOpening:
     """Open a lab replay of a trace or session file without blocking the GUI: it is read and
     replayed on a worker thread under a progress dialog (Cancel stops it and opens nothing);
     `on_ready(LabSource)` when it is done, `on_error(text)` if it failed (a file that does not
@@ -166,8 +170,9 @@ def open_lab_source(parent, path: str, limit: int | None, pool_blocks: int, bloc
 
     def make() -> WhatIfReplay:
         return lab_replay(load_lab_input(path, None, limit), pool_blocks, block_size, policy,
-                          host_blocks)
+                          host_blocks, ttl_s)
 
     host = f", host tier {host_blocks:,} blocks" if host_blocks else ""
+    host += f", TTL {ttl_s:,.0f} s" if ttl_s else ""
     title = f"Replaying {Path(path).name} at {pool_blocks:,} blocks, {policy}{host}…"
     return LabOpening(parent, make, title, on_ready, on_error)

@@ -187,9 +187,10 @@ class MainWindow(QMainWindow):
         return True
 
     def open_lab_replay(self, path: str, pool_blocks: int, block_size: int, policy: str,
-                        limit: int, host_blocks: int = 0) -> bool:
+                        limit: int, host_blocks: int = 0, ttl_s: float = 0.0) -> bool:
         """The Lab panel's what-if run (with a host tier of `host_blocks`, if any), shown like a
-        replay once read and replayed off the GUI thread (progress, Cancel). No such file:
+        replay once read and replayed off the GUI thread (progress, Cancel); `ttl_s`: the ttl
+        policy's lifetime (0: none). No such file:
         False; a bad trace: the banner, once read."""
         from kvscope.app.sources.lab import open_lab_source
 
@@ -202,7 +203,7 @@ class MainWindow(QMainWindow):
             failed(f"{path}: no such file")
             return False
         self.lab_opening = open_lab_source(self, path, limit, pool_blocks, block_size, policy,
-                                           self.open_source, failed, host_blocks)
+                                           self.open_source, failed, host_blocks, ttl_s or None)
         return True
 
     def attach_dialog(self) -> AttachDialog:

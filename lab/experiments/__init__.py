@@ -16,6 +16,7 @@ from kvscope.lab.experiments import (
     lengths,
     naive,
     offload,
+    prompt_cache,
     warm_prefix,
     warmup,
 )
@@ -42,6 +43,7 @@ EXPERIMENTS = {e.name: e for e in (
     Experiment(kv_formats.NAME, kv_formats.CLAIM, kv_formats.measure),
     Experiment(block_size.NAME, block_size.CLAIM, block_size.measure),
     Experiment(offload.NAME, offload.CLAIM, offload.measure),
+    Experiment(prompt_cache.NAME, prompt_cache.CLAIM, prompt_cache.measure),
 )}
 
 
