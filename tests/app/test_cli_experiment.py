@@ -21,7 +21,7 @@ def test_list_names_every_experiment(capsys):
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == ["naive-vs-cached", "prompt-length", "output-length", "warm-prefix",
                      "warm-up", "capacity", "fp8", "kv-formats", "block-size",
-                     "offload"] == list(EXPERIMENTS)
+                     "offload", "prompt-cache-ttl"] == list(EXPERIMENTS)
 
 
 def test_a_run_prints_its_table_and_verdict_and_writes_csv_png_and_session(tmp_path, capsys):
