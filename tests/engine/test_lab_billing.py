@@ -82,7 +82,7 @@ def test_ttl_replay_matches_a_plain_simulation_exactly(mode, ttl):
 
 
 def test_a_longer_ttl_reads_more():
-    t = load_trace(TRACE, limit=300)
+    t = load_trace(TRACE, limit=150)
     reads = [billing.run(t, ttl, billing.Prices()).read_tokens for ttl in (2, 60)]
     assert reads[0] < reads[1]
 
@@ -137,11 +137,11 @@ def test_lab_command_bills_the_trace_per_ttl(tmp_path, capsys):
     from kvscope.app.cli import main as cli
 
     out = tmp_path / "bill.csv"
-    assert cli.main(["lab", str(TRACE), "--limit", "300", "--ttl", "10", "60", "--prices",
+    assert cli.main(["lab", str(TRACE), "--limit", "150", "--ttl", "10", "60", "--prices",
                      "anthropic-1h", "--read-mult", "0.2", "--csv", str(out)]) == 0
     printed = capsys.readouterr().out
     prices = billing.Prices(3.0, 2.0, 0.2, 1024, 15.0)
-    t = load_trace(TRACE, limit=300)
+    t = load_trace(TRACE, limit=150)
     for ttl in (10, 60):
         b = billing.run(t, ttl, prices)
         assert f"{b.cost:>10,.4f} {b.cost_without_cache:>10,.4f}" in printed
@@ -169,9 +169,9 @@ def test_lab_billing_errors_are_one_line_with_exit_2(argv, message, capsys):
 
 
 def test_a_capacity_too_evicts_and_reads_less():
-    t = load_trace(TRACE, limit=300)
+    t = load_trace(TRACE, limit=150)
     prices = billing.Prices(min_tokens=0)
-    free, tight = (billing.run(t, 60, prices, pool_blocks=size) for size in (None, 20_000))
+    free, tight = (billing.run(t, 60, prices, pool_blocks=size) for size in (None, 10_000))
     assert free.evicted_blocks == 0 < tight.evicted_blocks
     assert tight.read_tokens < free.read_tokens
     assert tight.read_tokens + tight.written_tokens == free.read_tokens + free.written_tokens
