@@ -54,12 +54,12 @@ def main() -> None:
     for router in routing.default_routers(BS):
         r = routing.route(trace, router, R, size, **kw)
         results.append(r)
-        plain = plain_routed_hit_ratio(args.trace, router, R, size, args.limit)[0] \
-            if args.plain and args.mode == "sequential" else float("nan")
+        plain = f"{plain_routed_hit_ratio(args.trace, router, R, size, args.limit)[0]:.2%}" \
+            if args.plain and args.mode == "sequential" else "-"
         print(f"{router:>14} {r.token_hit_ratio:>10.2%} "
               f"{100 * (r.token_hit_ratio - one.token_hit_ratio):>+7.1f} "
               f"{r.request_imbalance:>8.2f}x {r.token_imbalance:>6.2f}x {r.wall_s:>7.1f} "
-              f"{r.wall_s / one.wall_s:>9.2f}x {plain:>8.2%}", flush=True)
+              f"{r.wall_s / one.wall_s:>9.2f}x {plain:>8}", flush=True)
     routed = sum(r.wall_s for r in results)
     print(routing.verdict(results, one.token_hit_ratio))
     print(f"5 routers x {R} replicas: {routed:.1f} s of replays (median "
