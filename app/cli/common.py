@@ -83,7 +83,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="model dtype (default: the checkpoint's; float32 on the CPU)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
-    g.add_argument("--eviction-policy", choices=policies.names(), default="lru",
+    g.add_argument("--eviction-policy", choices=policies.names(timed=False), default="lru",
                    help="which cached block is reused first (default: lru, as vLLM)")
     g.add_argument("--no-kv-cache", action="store_true",
                    help="the naive loop: recompute every sequence at every step")
@@ -95,7 +95,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="a host tier behind the pool: N blocks, or a size such as 2GiB or "
                    "512MiB (blocks of the model's KV that fit). Evicted blocks are copied there "
                    "and prefix hits found there are loaded back (default: none)")
-    g.add_argument("--host-eviction-policy", choices=policies.names(), default="lru",
+    g.add_argument("--host-eviction-policy", choices=policies.names(timed=False),
+                   default="lru",
                    help="which host block is reused first (default: lru)")
     g.add_argument("--prepack-cpu-weights", action="store_true",
                    help="CPU prefill on oneDNN with a reordered copy of each weight: faster "
