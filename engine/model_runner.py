@@ -299,7 +299,7 @@ class ModelRunner:
     def _sides(self, chunks: Sequence[SeqChunk]):
         """The per-layer ``PackedSide`` pair a layer passes to the kernels in place of scales:
         ``(cache_index, group) -> (k_side, v_side)``."""
-        fmt, meta, plans = self.format, self.kv_meta, None
+        fmt, plans = self.format, None
         if self.residual is not None:
             plans = [self.residual.plan([(t, c.start_pos, c.start_pos + len(c.token_ids))
                                          for c, t in zip(chunks, tables, strict=True)],
@@ -308,13 +308,20 @@ class ModelRunner:
                                        strict=True)]
 
         def sides(index: int, group: int) -> tuple[PackedSide, PackedSide]:
+            k, v = self.side_meta(index, 0), self.side_meta(index, 1)
             if plans is None:
-                return (PackedSide(fmt, False, (meta[0][index, 0],)),
-                        PackedSide(fmt, True, (meta[0][index, 1],)))
-            layer_meta = (meta[0][index, 0], meta[1][index, 0])
-            return (PackedSide(fmt, False, layer_meta, self.residual.k[index], plans[group]),
-                    PackedSide(fmt, True, layer_meta))
+                return PackedSide(fmt, False, k), PackedSide(fmt, True, v)
+            return (PackedSide(fmt, False, k, self.residual.k[index], plans[group]),
+                    PackedSide(fmt, True, v))
         return sides
+
+    def side_meta(self, index: int, side: int) -> tuple[torch.Tensor, ...]:
+        """KV slice `index`'s tensors beside the blocks for K (side 0) or V (1), block index
+        first: a PackedSide's meta (KIVI: K's per-channel and V's per-token, for both sides)."""
+        meta = self.kv_meta
+        if self.format.scheme == "kivi":
+            return meta[0][index, 0], meta[1][index, 0]
+        return (meta[0][index, side],)
 
     def _check_chunk(self, c: SeqChunk, n: int, end: int) -> None:
         if n == 0:

@@ -101,9 +101,7 @@ def cached(runner: ModelRunner, attn, side: int, blocks: torch.Tensor) -> torch.
         return kept[1][attn.cache_index].index_select(0, blocks).float()
     cache, fmt = runner.kv_cache[attn.cache_index, side], runner.format
     if fmt.is_packed:
-        meta = runner.kv_meta
-        layer_meta = ((meta[0][attn.cache_index, 0], meta[1][attn.cache_index, 0])
-                      if fmt.scheme == "kivi" else (meta[0][attn.cache_index, side],))
-        return read_blocks(cache, blocks, PackedSide(fmt, bool(side), layer_meta))
+        meta = runner.side_meta(attn.cache_index, side)
+        return read_blocks(cache, blocks, PackedSide(fmt, bool(side), meta))
     scales = runner.v_scales if side else runner.k_scales
     return reference.dequantize(cache.index_select(0, blocks), scales[attn.layer_idx])
