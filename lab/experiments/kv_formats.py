@@ -70,11 +70,11 @@ def measure(bench, quick: bool = False, names: list[str] | None = None) -> Resul
             kld[sides], top1 = divergence(ref_logprobs, log_softmax(run.logits))
             if sides == "kv":
                 errors, both_top1 = layer_errors(run, ref, lengths), top1
+                nbytes = run.runner.kv_bytes_per_token  # as the engine stores them
         engine = bench.engine(kv_cache_dtype=name)
         if engine.runner.is_fp8:
             engine.runner.calibrate_kv_scales(prompts)
         outputs, records = bench.run(engine, prompts, out)
-        nbytes = bench.kv_bytes_per_token(name)
         worst = max(range(len(errors)), key=lambda i: sum(errors[i]))
         rows.append([name, nbytes, ratio(bytes16, nbytes), int(GIB // nbytes),
                      statistics.fmean(kld["kv"]), percentile(kld["kv"], 99.9),
